@@ -1,0 +1,1 @@
+"""Hypothesis strategies and property tests run against a chosen kernel."""

@@ -1,0 +1,1 @@
+"""One module per ``fa2-verify`` subcommand (see :mod:`verify.cli`)."""
