@@ -17,6 +17,12 @@ from verify.errors import Fa2VerifyError
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
     "verify.commands.kernels",
+    "verify.commands.run",
+    "verify.commands.repro",
+    "verify.commands.baseline",
+    "verify.commands.gate",
+    "verify.commands.corpus",
+    "verify.commands.report",
 )
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks and the device-side checks that accompany them (not part of the installed package)."""

@@ -1,0 +1,130 @@
+"""Tile configurations per GPU target, pass, precision and padded head dim.
+
+A :class:`TileConfig` is what Triton needs to build one kernel variant: the
+query tile ``block_m``, the key tile ``block_n``, ``num_warps`` and the
+software-pipelining depth ``num_stages``.  The table below is fixed (no
+autotuning at run time), so a run is reproduced by the same table; every
+choice made in this process is recorded and returned by
+:func:`recorded` (the kernel's ``config()``).
+
+The ``sm90`` rows were chosen by the sweep in ``benchmarks/bench_kernels.py``
+(``--sweep``) on an H100; docs/triton-kernel.md gives the measurements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any
+
+import torch
+
+#: Kernel passes that take a tile configuration.
+PASSES: tuple[str, ...] = ("forward", "backward_kv", "backward_dq")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+def _rows(entries: dict[tuple[str, str, int], tuple[int, int, int, int]]) -> dict[tuple[str, str, int], TileConfig]:
+    return {key: TileConfig(*value) for key, value in entries.items()}
+
+
+#: (pass, precision, padded head dim) -> (block_m, block_n, num_warps, num_stages).
+_SM90 = _rows(
+    {
+        ("forward", "16bit", 32): (128, 128, 8, 3),
+        ("forward", "16bit", 64): (128, 128, 8, 3),
+        ("forward", "16bit", 128): (128, 128, 8, 2),
+        ("forward", "16bit", 256): (128, 64, 8, 2),
+        ("backward_kv", "16bit", 32): (64, 128, 8, 2),
+        ("backward_kv", "16bit", 64): (64, 128, 8, 2),
+        ("backward_kv", "16bit", 128): (64, 128, 8, 2),
+        ("backward_kv", "16bit", 256): (64, 64, 8, 2),
+        ("backward_dq", "16bit", 32): (128, 64, 8, 2),
+        ("backward_dq", "16bit", 64): (128, 64, 8, 2),
+        ("backward_dq", "16bit", 128): (128, 64, 8, 2),
+        ("backward_dq", "16bit", 256): (64, 64, 8, 2),
+        ("forward", "float32", 32): (64, 64, 4, 2),
+        ("forward", "float32", 64): (64, 64, 4, 2),
+        ("forward", "float32", 128): (64, 32, 4, 2),
+        ("forward", "float32", 256): (32, 32, 4, 1),
+        ("backward_kv", "float32", 32): (32, 64, 4, 1),
+        ("backward_kv", "float32", 64): (32, 64, 4, 1),
+        ("backward_kv", "float32", 128): (32, 32, 4, 1),
+        ("backward_kv", "float32", 256): (16, 32, 4, 1),
+        ("backward_dq", "float32", 32): (64, 32, 4, 1),
+        ("backward_dq", "float32", 64): (64, 32, 4, 1),
+        ("backward_dq", "float32", 128): (32, 32, 4, 1),
+        ("backward_dq", "float32", 256): (32, 16, 4, 1),
+    }
+)
+
+#: Other CUDA GPUs: conservative tiles that fit 100 KB of shared memory (not tuned).
+_GENERIC_CUDA = _rows(
+    {
+        (pass_name, precision, block_d): (
+            (64 if block_d <= 128 else 32) if precision == "16bit" else (32 if block_d <= 128 else 16),
+            (64 if block_d <= 64 else 32) if precision == "16bit" else (32 if block_d <= 64 else 16),
+            4,
+            2 if block_d <= 128 else 1,
+        )
+        for pass_name in PASSES
+        for precision in ("16bit", "float32")
+        for block_d in (32, 64, 128, 256)
+    }
+)
+
+#: The CPU interpreter: small tiles, so that tiny test shapes span several tiles.
+_INTERPRETER = _rows(
+    {
+        (pass_name, precision, block_d): (16, 16, 1, 1)
+        for pass_name in PASSES
+        for precision in ("16bit", "float32")
+        for block_d in (32, 64, 128, 256)
+    }
+)
+
+TABLES: dict[str, dict[tuple[str, str, int], TileConfig]] = {
+    "sm90": _SM90,
+    "cuda": _GENERIC_CUDA,
+    "interpreter": _INTERPRETER,
+}
+
+_lock = threading.Lock()
+_recorded: dict[str, dict[str, Any]] = {}
+
+
+def target_for(device: torch.device, interpret: bool) -> str:
+    """The table a device uses: ``interpreter``, ``sm90`` (Hopper) or ``cuda``."""
+    if interpret or device.type != "cuda":
+        return "interpreter"
+    major, _minor = torch.cuda.get_device_capability(device)
+    return "sm90" if major == 9 else "cuda"
+
+
+def precision_of(dtype: torch.dtype) -> str:
+    return "float32" if dtype == torch.float32 else "16bit"
+
+
+def select(target: str, pass_name: str, dtype: torch.dtype, block_d: int) -> TileConfig:
+    return TABLES[target][(pass_name, precision_of(dtype), block_d)]
+
+
+def record(call: str, entry: dict[str, Any]) -> None:
+    """Remember the configuration a call shape used (the last one wins)."""
+    with _lock:
+        _recorded[call] = entry
+
+
+def recorded() -> dict[str, dict[str, Any]]:
+    with _lock:
+        return {call: dict(entry) for call, entry in _recorded.items()}

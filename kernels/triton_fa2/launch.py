@@ -1,0 +1,219 @@
+"""Launch wrappers: check the arguments, allocate the outputs, launch the kernels.
+
+Dense and packed (varlen) calls share the kernels: a dense tensor is a batch
+of equal-length sequences, a packed one a batch of stride 0 whose sequences
+start at ``cu_seqlens[b]``.  Inputs whose head_dim stride is not 1 are copied
+to a contiguous layout; any other strides are passed to the kernels as they are.
+
+``tiles`` (a ``{pass: TileConfig}`` mapping) overrides the table of
+:mod:`kernels.triton_fa2.configs` for benchmark sweeps; every call records the
+configuration it used (:func:`kernels.triton_fa2.configs.recorded`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+import triton
+
+from kernels.triton_fa2 import configs, kernels, validation
+from kernels.triton_fa2.configs import TileConfig
+from kernels.triton_fa2.validation import Problem
+
+LOG2E = 1.4426950408889634
+
+#: Rows per program of the delta preprocess (interpreter: 16).
+PREPROCESS_ROWS = 128
+
+
+def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 or tensor.shape[-1] == 1 else tensor.contiguous()
+
+
+def _strides(tensor: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, sequence, head) strides in elements; a packed tensor has batch stride 0."""
+    if varlen:
+        return 0, tensor.stride(0), tensor.stride(1)
+    return tensor.stride(0), tensor.stride(1), tensor.stride(2)
+
+
+def _lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
+    if problem.varlen:
+        return 0, total_q
+    return problem.heads_q * problem.seqlen_q, problem.seqlen_q
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply in true fp32 (``ieee``), not tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _tiles(problem: Problem, passes: tuple[str, ...], override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
+    target = configs.target_for(problem.device, kernels.INTERPRET)
+    chosen = {name: configs.select(target, name, problem.dtype, problem.block_d) for name in passes}
+    if override:
+        chosen.update({name: tile for name, tile in override.items() if name in passes})
+    return chosen
+
+
+def _record(problem: Problem, entry: str, tiles: Mapping[str, TileConfig], **extra) -> None:
+    configs.record(problem.describe(entry), {
+        "target": configs.target_for(problem.device, kernels.INTERPRET),
+        "triton": triton.__version__,
+        **{name: tile.as_dict() for name, tile in tiles.items()},
+        **extra,
+    })
+
+
+def _mask_flags(problem: Problem) -> dict[str, bool]:
+    return {"HAS_LEFT": problem.left >= 0, "HAS_RIGHT": problem.right >= 0}
+
+
+# --------------------------------------------------------------------------- forward
+
+
+def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig]) -> None:
+    tile = tiles["forward"]
+    total_q = q.shape[0]
+    stride_lb, stride_lh = _lse_strides(problem, total_q)
+    grid = (triton.cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
+    kernels.forward_kernel[grid](
+        q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
+        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
+        *_strides(out, problem.varlen), stride_lb, stride_lh,
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, problem.left, problem.right,
+        HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.dtype), **_mask_flags(problem),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
+
+
+def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles=None):
+    """Dense forward: ``(out, lse)``, lse float32 (batch, heads_q, seqlen_q), natural log."""
+    problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    chosen = _tiles(problem, ("forward",), tiles)
+    _record(problem, "forward", chosen)
+    if out.numel() == 0:
+        return out, lse
+    if problem.seqlen_k == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    _forward(problem, q, k, v, out, lse, chosen)
+    return out, lse
+
+
+def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                   softmax_scale, causal=False, window_size=(-1, -1), tiles=None):
+    """Packed forward: ``(out, lse)``, out (total_q, heads_q, head_dim), lse float32 (heads_q, total_q)."""
+    problem = validation.check_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                              softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((problem.heads_q, q.shape[0]), dtype=torch.float32, device=q.device)
+    chosen = _tiles(problem, ("forward",), tiles)
+    _record(problem, "forward_varlen", chosen)
+    if out.numel() == 0 or problem.seqlen_q == 0:
+        return out, lse
+    if k.shape[0] == 0:
+        out.zero_()
+        lse.fill_(math.inf)
+        return out, lse
+    _forward(problem, q, k, v, out, lse, chosen)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- backward
+
+
+def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, deterministic: bool,
+              tiles: Mapping[str, TileConfig]) -> None:
+    varlen = problem.varlen
+    total_q = q.shape[0]
+    stride_lb, stride_lh = _lse_strides(problem, total_q)
+    delta = torch.empty_like(lse)
+    rows = 16 if kernels.INTERPRET else PREPROCESS_ROWS
+    kernels.backward_preprocess_kernel[(triton.cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)](
+        out, dout, delta, problem.cu_seqlens_q,
+        *_strides(out, varlen), *_strides(dout, varlen), stride_lb, stride_lh, problem.seqlen_q,
+        HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen,
+    )
+    common = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=varlen,
+                  DOT_PRECISION=_dot_precision(problem.dtype), **_mask_flags(problem))
+    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
+               problem.softmax_scale, problem.left, problem.right)
+    dq_target = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kv_tile = tiles["backward_kv"]
+    kernels.backward_kv_kernel[(triton.cdiv(problem.seqlen_k, kv_tile.block_n), problem.heads_kv, problem.batch)](
+        q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
+        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
+        *_strides(dq_target, varlen), *_strides(dk, varlen), *_strides(dv, varlen), stride_lb, stride_lh,
+        *scalars, BLOCK_M=kv_tile.block_m, BLOCK_N=kv_tile.block_n, ATOMIC_DQ=not deterministic, **common,
+        num_warps=kv_tile.num_warps, num_stages=kv_tile.num_stages,
+    )
+    if deterministic:
+        dq_tile = tiles["backward_dq"]
+        kernels.backward_dq_kernel[(triton.cdiv(problem.seqlen_q, dq_tile.block_m), problem.heads_q, problem.batch)](
+            q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
+            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
+            *_strides(dq, varlen), stride_lb, stride_lh,
+            *scalars, BLOCK_M=dq_tile.block_m, BLOCK_N=dq_tile.block_n, **common,
+            num_warps=dq_tile.num_warps, num_stages=dq_tile.num_stages,
+        )
+    else:
+        dq.copy_(dq_target)
+
+
+def _backward_passes(deterministic: bool) -> tuple[str, ...]:
+    return ("backward_kv", "backward_dq") if deterministic else ("backward_kv",)
+
+
+def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
+             deterministic=False, tiles=None):
+    """Dense backward: ``(dq, dk, dv)`` shaped and typed like q, k, v.
+
+    ``deterministic=False`` accumulates dq across key tiles with fp32 atomic
+    adds (run-to-run rounding differences in dq); ``True`` computes dq in a
+    separate pass over query tiles, bitwise reproducible.
+    """
+    problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    validation.check_backward_extras(problem, q, dout, out, lse)
+    q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
+    lse = lse.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
+    _record(problem, "backward", chosen, deterministic=bool(deterministic))
+    if problem.seqlen_q == 0 or problem.seqlen_k == 0 or problem.batch == 0:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return dq, dk, dv
+    _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    return dq, dk, dv
+
+
+def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                    softmax_scale, causal=False, window_size=(-1, -1), deterministic=False, tiles=None):
+    """Packed backward: ``(dq, dk, dv)`` in the packed layouts of q, k, v."""
+    problem = validation.check_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                              softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    validation.check_backward_extras(problem, q, dout, out, lse)
+    q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
+    lse = lse.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
+    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic))
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return dq, dk, dv
+    _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    return dq, dk, dv

@@ -1,0 +1,83 @@
+"""The case strategy: a whole :class:`~verify.case.CaseSpec` built from the simpler strategies.
+
+A case is shape + dtype + mask + softmax scale + value generator + seed; its
+tensors come from :func:`verify.case.make_case`, so a counterexample is its
+spec and ``spec.reproduction(kernel)`` is the one-line reproduction.
+Everything drawn is inside the kernel's capabilities (STYLE rule 6): an
+unsupported combination is never generated, and a property that needs a
+missing capability is skipped by the plugin before any case is drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from hypothesis import strategies as st
+
+from kernels.contract import Capabilities
+from properties import inputs, masks, shapes
+from properties.profiles import Limits
+from properties.validation import check_bool
+from verify.case import CaseSpec
+from verify.errors import UsageError
+
+
+def case_specs(
+    *,
+    capabilities: Capabilities,
+    device: str,
+    limits: Limits = Limits(),
+    backward: bool = False,
+    deterministic: bool = False,
+    masked: bool = True,
+    gqa: bool = True,
+    generators: Iterable[str] | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> st.SearchStrategy[CaseSpec]:
+    """Cases the kernel supports on ``device``.
+
+    ``backward``/``deterministic`` request a backward case (in deterministic
+    mode); ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only
+    (both for metamorphic relations that need them); ``generators`` and
+    ``dtypes`` restrict the value generators and dtypes drawn.
+    """
+    for name, flag in (("backward", backward), ("deterministic", deterministic), ("masked", masked), ("gqa", gqa)):
+        check_bool(name, flag)
+    if backward and not capabilities.backward:
+        raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
+    if deterministic and not capabilities.deterministic_backward:
+        raise UsageError("deterministic=True: the kernel has no deterministic backward; leave deterministic=False")
+    dtype_strategy = inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)
+    generator_strategy = inputs.generator_names(include=generators)
+    head_dim_strategy = shapes.head_dims(capabilities=capabilities, max_value=limits.max_head_dim)
+    heads_strategy = shapes.head_counts(
+        max_heads_kv=limits.max_heads_kv, max_group=limits.max_group, gqa=gqa and capabilities.gqa
+    )
+
+    @st.composite
+    def build(draw: st.DrawFn) -> CaseSpec:
+        seqlen_q, seqlen_k = draw(shapes.seqlen_pairs(max_value=limits.max_seqlen))
+        heads_q, heads_kv = draw(heads_strategy)
+        causal, window_size = (
+            draw(masks.masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=capabilities.causal, window=capabilities.window))
+            if masked
+            else masks.NO_MASK
+        )
+        return CaseSpec(
+            batch=draw(shapes.batches(max_value=limits.max_batch)),
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            heads_q=heads_q,
+            heads_kv=heads_kv,
+            head_dim=draw(head_dim_strategy),
+            dtype=draw(dtype_strategy),
+            causal=causal,
+            window_size=window_size,
+            softmax_scale=draw(inputs.softmax_scales()),
+            generator=draw(generator_strategy),
+            seed=draw(inputs.seeds()),
+            backward=backward,
+            deterministic=deterministic,
+        )
+
+    return build()

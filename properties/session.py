@@ -1,0 +1,82 @@
+"""What one property-suite run knows: the kernel, the device, the profile, and what it observed.
+
+A :class:`Suite` is built once per pytest session (or worker) by the plugin
+and handed to every property test.  Each example a property checks is
+reported with :meth:`Suite.observe` (its score, e.g. the largest normalized
+error, and its case), so the run can report how many examples it checked and
+the worst case it found per property, the quantity ``hypothesis.target``
+steers toward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+from properties.cases import Limits, case_specs
+from properties.profiles import Profile
+from verify.case import CaseSpec
+from verify.registry import LoadedKernel
+
+
+@dataclasses.dataclass
+class Worst:
+    """The highest score a label reached in one test, with the case that reached it."""
+
+    label: str
+    score: float
+    examples: int
+    reproduction: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "score": _encode(self.score), "examples": self.examples, "reproduction": self.reproduction}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "Worst":
+        return cls(record["label"], _decode(record["score"]), int(record["examples"]), record["reproduction"])
+
+
+def _encode(value: float) -> float | str:
+    return value if math.isfinite(value) else repr(value)
+
+
+def _decode(value: float | str) -> float:
+    return float(value)
+
+
+@dataclasses.dataclass
+class Suite:
+    """The kernel under test and the run's settings; ``golden_options`` are passed to ``golden.compute``."""
+
+    kernel: LoadedKernel
+    device: str
+    profile: Profile
+    golden_options: Any = None
+    _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
+
+    @property
+    def limits(self) -> Limits:
+        return self.profile.limits(self.device)
+
+    def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
+        """:func:`properties.cases.case_specs` for this kernel, device and profile."""
+        return case_specs(capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, **options)
+
+    def observe(self, label: str, score: float, spec: CaseSpec) -> None:
+        """Record one checked example: its ``score`` under ``label`` (NaN counts as +inf)."""
+        score = math.inf if math.isnan(score) else float(score)
+        worst = self._worst.get(label)
+        if worst is None:
+            worst = self._worst[label] = Worst(label, -math.inf, 0, "")
+        worst.examples += 1
+        if score > worst.score:
+            worst.score = score
+            worst.reproduction = spec.reproduction(self.kernel.name)
+
+    def take_observations(self) -> list[Worst]:
+        """The observations since the last call (one test's), and start afresh."""
+        observed, self._worst = list(self._worst.values()), {}
+        return observed

@@ -1,0 +1,196 @@
+"""Mutant kernels: the reference kernel with one realistic bug each.
+
+Every mutant is :class:`kernels.reference.TiledAttention` (deferred rescaling,
+the same tiles as ``reference``) with one of its documented steps replaced.
+They implement the kernel contract and claim the reference's capabilities, so
+any check that passes the reference and misses a mutant has a blind spot.
+Load one as ``tests.mutants:NAME`` (with the repository root on ``sys.path``);
+:data:`MUTANTS` maps every name to its kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from kernels.contract import UNBOUNDED, effective_window, visible_mask
+from kernels.reference import DEFERRED, NEG_INF, Tiles, TiledAttention
+
+
+class Mutant(TiledAttention):
+    """A reference kernel with the tiles of ``reference``; ``config()`` names the bug."""
+
+    def __init__(self) -> None:
+        super().__init__(block_q=DEFERRED.block_q, block_k=DEFERRED.block_k, accumulate=DEFERRED.accumulate)
+
+    def config(self) -> dict[str, Any]:
+        return {**super().config(), "mutant": type(self).__name__}
+
+
+class LseBase2(Mutant):
+    """Wrong log base: the LSE is written as ``log2 Σ exp(s)`` (base-2 exponent
+    bookkeeping, as in kernels that use exp2, not converted back to natural log)."""
+
+    def _lse(self, m, l):
+        return super()._lse(m, l) / math.log(2.0)
+
+
+class CausalShift(Mutant):
+    """Mask off by one: the right edge of the causal/window diagonal is one key
+    too far (``j <= i + seqlen_k - seqlen_q + right + 1``), so each query sees one future key."""
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        left, right = effective_window(causal, window_size)
+        shifted = (left, right + 1 if right != UNBOUNDED else right)
+        return visible_mask(seqlen_q, seqlen_k, window_size=shifted, device=device)
+
+
+class TopLeftCausal(Mutant):
+    """Wrong mask alignment: the causal/window diagonal is top-left aligned
+    (query ``i`` sees keys ``i - left..i + right``, flash-attn < 2.1 and PyTorch's
+    ``is_causal``) instead of bottom-right; differs whenever seqlen_q != seqlen_k."""
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        left, right = effective_window(causal, window_size)
+        i = torch.arange(seqlen_q, device=device).unsqueeze(1)
+        j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+        visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
+        if left != UNBOUNDED:
+            visible &= j >= i - left
+        if right != UNBOUNDED:
+            visible &= j <= i + right
+        return visible
+
+
+class SkipRescale(Mutant):
+    """Missing rescale: the output accumulator is not multiplied by
+    ``exp(m_old - m_new)`` when the running max rises (Algorithm 1, line 10),
+    while ℓ is; wrong whenever a later key block raises a row's max."""
+
+    def _rescale_accumulator(self, o, factor):
+        return o
+
+
+class StaleMax(Mutant):
+    """Stale running max: a block's probabilities are exponentiated against the
+    max from before this block's update (``P~ = exp(S - m_old)``, line 9) while
+    the accumulators are rescaled to the new max; the first visible block uses its own max."""
+
+    def _probability_max(self, m_old, m_new):
+        return torch.where(m_old == NEG_INF, m_new, m_old)
+
+
+class WindowOffByOne(Mutant):
+    """Window edge off by one: the left edge admits one key too many
+    (``j >= i + seqlen_k - seqlen_q - left - 1``)."""
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        left, right = effective_window(causal, window_size)
+        widened = (left + 1 if left != UNBOUNDED else left, right)
+        return visible_mask(seqlen_q, seqlen_k, window_size=widened, device=device)
+
+
+class GqaWrongHead(Mutant):
+    """Wrong GQA head mapping: query head ``h`` reads kv head ``h % heads_kv``
+    instead of ``h // (heads_q // heads_kv)`` (forward and backward alike)."""
+
+    def _kv_heads(self, heads_q, heads_kv, device):
+        return torch.arange(heads_q, device=device) % heads_kv
+
+
+class TailBlockUnwritten(Mutant):
+    """Grid too small: the last query block, when partial (seqlen_q not a
+    multiple of block_q), is never written; out, lse and dq keep whatever the
+    allocator held there (NaN under memory poisoning)."""
+
+    def _written_query_blocks(self, tiles: Tiles) -> range:
+        partial = tiles.visible.shape[0] % tiles.block_q != 0
+        return range(tiles.num_q - 1 if partial else tiles.num_q)
+
+
+class TailUnmasked(Mutant):
+    """Missing bounds check: the last key block is read in full; the padding
+    keys past seqlen_k read as zeros and are visible to every query (forward)."""
+
+    def _forward_keys(self, k, v, visible):
+        seqlen_k = k.shape[2]
+        padding = -seqlen_k % self.block_k
+        pad_rows = (0, 0, 0, padding)
+        visible = torch.nn.functional.pad(visible, (0, padding), value=True)
+        return torch.nn.functional.pad(k, pad_rows), torch.nn.functional.pad(v, pad_rows), visible
+
+
+class AccInInputDtype(Mutant):
+    """Low-precision accumulation: S, the softmax statistics, O, and all
+    backward accumulators are kept in the input dtype (float16/bfloat16)
+    instead of float32."""
+
+    def _accumulator_dtype(self, dtype):
+        return dtype
+
+
+class DeltaFromRounded(Mutant):
+    """Wrong ``D`` (Algorithm 2, line 4): ``D = rowsum(dO)``, the factor O
+    dropped, so ``dS = P ∘ (dP - D)`` subtracts the wrong row term (dq, dk wrong)."""
+
+    def _delta(self, dout, out):
+        return dout.sum(dim=-1)
+
+
+class DqMissingScale(Mutant):
+    """Missing chain-rule factor: dq is written without the softmax scale
+    (``dQ = dS K`` instead of ``scale · dS K``)."""
+
+    def _finish_dq(self, dq, softmax_scale):
+        return dq
+
+
+class DkDvGqaNotSummed(Mutant):
+    """Missing GQA reduction: dK/dV of a kv head come from the first query
+    head of its group only, not the sum over the group."""
+
+    def _reduce_heads(self, grad, kv_heads, heads_kv):
+        first = [int(torch.nonzero(kv_heads == g)[0]) for g in range(heads_kv)]
+        return grad[:, first]
+
+
+class DqLostUpdate(Mutant):
+    """Lost update to dq (a dropped atomic add): the last key block's
+    contribution ``dS K_j`` never reaches dQ (Algorithm 2, line 15)."""
+
+    def _add_dq(self, dq, rows, update, key_block, num_key_blocks):
+        if key_block != num_key_blocks - 1:
+            super()._add_dq(dq, rows, update, key_block, num_key_blocks)
+
+
+class EmptyRowNan(Mutant):
+    """No guard for ``m = -inf``: a row with no visible key so far computes
+    ``exp(-inf - (-inf)) = NaN``, so fully masked rows (and rows whose first
+    tile is fully masked) become NaN."""
+
+    def _guard_max(self, m):
+        return m
+
+
+LSE_BASE2 = LseBase2()
+CAUSAL_SHIFT = CausalShift()
+TOP_LEFT_CAUSAL = TopLeftCausal()
+SKIP_RESCALE = SkipRescale()
+STALE_MAX = StaleMax()
+WINDOW_OFF_BY_ONE = WindowOffByOne()
+GQA_WRONG_HEAD = GqaWrongHead()
+TAIL_BLOCK_UNWRITTEN = TailBlockUnwritten()
+TAIL_UNMASKED = TailUnmasked()
+ACC_IN_INPUT_DTYPE = AccInInputDtype()
+DELTA_FROM_ROUNDED = DeltaFromRounded()
+DQ_MISSING_SCALE = DqMissingScale()
+DK_DV_GQA_NOT_SUMMED = DkDvGqaNotSummed()
+DQ_LOST_UPDATE = DqLostUpdate()
+EMPTY_ROW_NAN = EmptyRowNan()
+
+#: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
+MUTANTS: dict[str, Mutant] = {
+    name: kernel for name, kernel in globals().items() if name.isupper() and isinstance(kernel, Mutant)
+}

@@ -1,0 +1,191 @@
+"""verify.check on small cases: statuses, contract checks, poisoning, and the error model on the reference.
+
+The broken kernels here wrap the bundled ``reference`` kernel with one defect each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+
+import golden
+from kernels.contract import Capabilities
+from verify import error_model
+from verify.atomic import write_text_atomic
+from verify.case import CaseSpec, make_case
+from verify.check import check_case, run_cases
+from verify.errors import GoldenError, ReportError, UnsupportedCase
+from verify.poison import poisoned
+from verify.registry import LoadedKernel, load_kernel
+from verify.results import CaseResult, RunResult
+
+SPEC = CaseSpec(batch=1, seqlen_q=5, seqlen_k=9, heads_q=4, heads_kv=2, head_dim=32, dtype="float16", causal=True, seed=3)
+EMPTY_ROWS = dataclasses.replace(SPEC, seqlen_q=9, seqlen_k=5, name="empty-rows")
+
+
+@pytest.fixture(scope="module")
+def reference() -> LoadedKernel:
+    return load_kernel("reference")
+
+
+class Defective:
+    """The reference kernel with one defect, chosen by ``defect``."""
+
+    def __init__(self, defect: str, reference: LoadedKernel, capabilities: Capabilities | None = None):
+        self.defect = defect
+        self.reference = reference
+        self.capabilities = capabilities or reference.capabilities
+
+    def unavailable_reason(self):
+        return "the package it wraps is not installed" if self.defect == "unavailable" else None
+
+    def forward(self, q, k, v, **masking):
+        if self.defect == "raises":
+            raise RuntimeError("boom")
+        if self.defect == "raises-unsupported":
+            raise UnsupportedCase("this shape needs a split-k launch")
+        out, lse = self.reference.forward(q, k, v, **masking)
+        if self.defect == "lse-shape":
+            return out, lse.transpose(1, 2)
+        if self.defect == "out-dtype":
+            return out.float(), lse
+        if self.defect == "one-value":
+            return (out,)
+        if self.defect == "unwritten":
+            partial = torch.empty_like(out)
+            partial.view(-1)[:-1] = out.reshape(-1)[:-1]
+            return partial, lse
+        if self.defect == "modifies-input":
+            q[0, 0, 0, 0] += 1
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, **masking):
+        dq, dk, dv = self.reference.backward(dout, q, k, v, out, lse, **masking)
+        if self.defect == "dq-unscaled":
+            return dq / masking["softmax_scale"], dk, dv
+        return dq, dk, dv
+
+
+def _check(defect: str, reference: LoadedKernel, spec: CaseSpec = SPEC, **kwargs) -> CaseResult:
+    kernel = LoadedKernel(name=f"defect-{defect}", target=Defective(defect, reference, **kwargs))
+    return check_case(kernel, make_case(spec, "cpu"))
+
+
+def test_reference_passes_and_reports_every_output(reference):
+    result = check_case(reference, make_case(SPEC, "cpu"))
+    assert result.status == "passed", [c.worst for c in result.comparisons.values()]
+    assert set(result.comparisons) == {"out", "lse", "dq", "dk", "dv"}
+    assert result.comparisons["lse"].dtype == "float32" and result.comparisons["out"].dtype == "float16"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_reference_stays_within_the_bound_with_empty_rows(reference, dtype):
+    """normalized error <= 1 on every output, and exact zeros/infinities on rows that see no key."""
+    result = check_case(reference, make_case(dataclasses.replace(EMPTY_ROWS, dtype=dtype), "cpu"))
+    assert result.status == "passed", [c.worst for c in result.comparisons.values()]
+    assert all(c.normalized.quantiles["max"] <= 1.0 for c in result.comparisons.values())
+
+
+def test_capabilities_make_a_case_unsupported(reference):
+    only_float32 = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(32,))
+    result = _check("none", reference, capabilities=only_float32)
+    assert result.status == "unsupported" and not result.passed and not result.counts_as_failure
+    assert "dtype=float16 is not supported" in result.reason
+    assert result.comparisons == {}
+
+
+def test_unsupported_case_raised_by_the_kernel(reference):
+    result = _check("raises-unsupported", reference)
+    assert result.status == "unsupported" and result.reason == "this shape needs a split-k launch"
+
+
+def test_unavailable_kernel_is_unsupported(reference):
+    result = _check("unavailable", reference)
+    assert result.status == "unsupported" and "not installed" in result.reason
+
+
+@pytest.mark.parametrize(
+    "defect, reason",
+    [
+        ("raises", "defect-raises.forward raised RuntimeError: boom"),
+        ("lse-shape", "returned lse with shape (1, 5, 4), expected (1, 4, 5) = (batch, heads_q, seqlen_q)"),
+        ("out-dtype", "returned out with dtype float32, expected float16"),
+        ("one-value", "returned tuple, expected a tuple (out, lse)"),
+        ("modifies-input", "modified its input q in place"),
+    ],
+)
+def test_kernel_errors_and_contract_violations_fail_the_case(reference, defect, reason):
+    result = _check(defect, reference)
+    assert result.status == "error" and result.counts_as_failure
+    assert reason in result.reason
+
+
+def test_unwritten_element_fails_through_poisoning(reference):
+    result = _check("unwritten", reference)
+    out = result.comparisons["out"]
+    assert result.status == "failed" and not out.passed
+    assert out.nonfinite == 1 and out.mismatches == 1
+    assert out.worst["path"] == "out[b=0, i=4, h=3, c=31]" and math.isnan(out.worst["actual"])
+
+
+def test_dq_without_softmax_scale_fails_only_dq(reference):
+    result = _check("dq-unscaled", reference)
+    assert result.failed_outputs() == ["dq"]
+    assert result.comparisons["dq"].normalized.quantiles["max"] > 10
+
+
+def test_an_error_in_the_golden_propagates(reference, monkeypatch):
+    def broken(*args, **kwargs):
+        raise GoldenError("mpmath certification failed")
+
+    monkeypatch.setattr(golden, "compute", broken)
+    with pytest.raises(GoldenError, match="certification failed"):
+        check_case(reference, make_case(SPEC, "cpu"))
+
+
+def test_poisoned_allocations_read_nan_and_settings_are_restored():
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    with pytest.raises(KeyError):
+        with poisoned("cpu", [((3, 4), torch.float16)]):
+            assert torch.empty(3, 4, dtype=torch.float16).isnan().all()
+            assert torch.empty_like(torch.zeros(5)).isnan().all()
+            raise KeyError("leaves the block")
+    after = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    assert after == before
+
+
+@pytest.mark.gpu
+def test_poisoned_cuda_allocations_read_nan():
+    with poisoned("cuda", [((64, 64), torch.float16)]):
+        assert torch.empty(64, 64, dtype=torch.float16, device="cuda").isnan().all()
+
+
+def test_run_result_round_trips_through_strict_json(reference):
+    run = run_cases(reference, [SPEC, EMPTY_ROWS], "cpu")
+    record = json.loads(json.dumps(run.to_dict(), allow_nan=False))
+    assert record["schema_version"] == 1 and record["summary"]["passed"] == 2
+    assert record["thresholds"] == dict(error_model.THRESHOLDS)
+    assert RunResult.from_dict(record).to_dict() == record
+
+
+def test_write_text_atomic_never_overwrites_unless_asked(tmp_path):
+    target = tmp_path / "sub" / "report.json"
+    write_text_atomic(target, "first", overwrite=False)
+    with pytest.raises(ReportError, match="exists: pass --overwrite"):
+        write_text_atomic(target, "second", overwrite=False)
+    assert target.read_text() == "first"
+    write_text_atomic(target, "third", overwrite=True)
+    assert target.read_text() == "third"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["report.json"]

@@ -1,0 +1,185 @@
+"""``fa2-verify run`` and ``fa2-verify repro`` end to end: exit codes, the table, messages, tolerance.json.
+
+The restricted kernels below are loadable as ``tests.test_cli_run:NAME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kernels.contract import Capabilities
+from verify.cli import main
+from verify.fixed_cases import FIXED_CASES
+from verify.registry import load_kernel
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+class Restricted:
+    """The reference kernel behind narrower capabilities."""
+
+    def __init__(self, capabilities: Capabilities):
+        self.capabilities = capabilities
+
+    def forward(self, *args, **kwargs):
+        return load_kernel("reference").forward(*args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        return load_kernel("reference").backward(*args, **kwargs)
+
+    def config(self):
+        return {"wraps": "reference"}
+
+
+FLOAT32_ONLY = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(32, 40, 64)))
+NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=()))
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(list(argv))
+    return code, stdout.getvalue(), stderr.getvalue()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def golden_cache(tmp_path_factory):
+    """Share golden results between the runs of this module (same cases, same inputs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(tmp_path_factory.mktemp("golden-cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    report = tmp_path_factory.mktemp("report")
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--report", str(report))
+    return code, stdout, stderr, report / "tolerance.json"
+
+
+def test_reference_passes_on_cpu(reference_run):
+    code, stdout, stderr, _ = reference_run
+    assert code == 0, stdout + stderr
+    assert f"reference on cpu: {len(FIXED_CASES)} passed, 0 failed, 0 errors, 0 unsupported" in stdout
+    header = stdout.splitlines()[0].split()
+    assert header[:6] == ["case", "output", "dtype", "p50", "p99", "max"]
+    for dtype in ("float16", "bfloat16", "float32"):
+        assert f" {dtype} " in stdout
+
+
+def test_tolerance_json_schema(reference_run):
+    path = reference_run[3]
+    record = json.loads(path.read_text())
+    assert record["schema_version"] == 1
+    assert record["kernel"] == "reference" and record["device"] == "cpu"
+    assert {"torch", "python", "device_name"} <= set(record["environment"])
+    assert record["environment"]["torch"] == torch.__version__
+    assert isinstance(record["config"], dict)
+    assert record["thresholds"] == {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
+    assert record["summary"] == {"passed": len(FIXED_CASES), "failed": 0, "unsupported": 0, "error": 0}
+    for case in record["cases"]:
+        assert case["status"] == "passed"
+        assert set(case["comparisons"]) == {"out", "lse", "dq", "dk", "dv"}
+        normalized = case["comparisons"]["out"]["normalized"]
+        assert set(normalized["quantiles"]) == {"p50", "p90", "p99", "p99.9", "max"}
+        assert sum(normalized["histogram"]["counts"]) == normalized["count"] == case["comparisons"]["out"]["numel"]
+
+
+def test_existing_report_is_not_overwritten(reference_run):
+    path = reference_run[3]
+    before = path.read_bytes()
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--report", str(path.parent))
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and "tolerance.json exists: pass --overwrite" in stderr
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "mutant, failing",
+    [("LSE_BASE2", "lse (float32) mismatches the golden"), ("CAUSAL_SHIFT", "out ("), ("SKIP_RESCALE", "out (")],
+)
+def test_mutants_fail_naming_the_output(mutant, failing):
+    code, stdout, _ = _cli("run", "--kernel", f"tests.mutants:{mutant}")
+    assert code == 1
+    assert failing in stdout
+    assert "reproduce: fa2-verify repro --kernel tests.mutants:" in stdout
+
+
+def test_unsupported_cases_are_listed_never_passed(tmp_path):
+    code, stdout, _ = _cli("run", "--kernel", "tests.test_cli_run:FLOAT32_ONLY", "--report", str(tmp_path))
+    assert code == 0
+    assert "unsupported: dtype=float16 is not supported on cpu" in stdout
+    record = json.loads((tmp_path / "tolerance.json").read_text())
+    statuses = {case["spec"]["dtype"]: set() for case in record["cases"]}
+    for case in record["cases"]:
+        statuses[case["spec"]["dtype"]].add(case["status"])
+    assert statuses == {"float16": {"unsupported"}, "bfloat16": {"unsupported"}, "float32": {"passed"}}
+    assert record["config"] == {"wraps": "reference"}
+
+
+def test_nothing_supported_is_an_error_and_overwrite_replaces_the_report(tmp_path):
+    (tmp_path / "tolerance.json").write_text("old")
+    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:NOTHING", "--report", str(tmp_path), "--overwrite")
+    assert code == 2
+    assert "supports none of the" in stderr and "nothing was verified" in stderr
+    assert json.loads((tmp_path / "tolerance.json").read_text())["summary"]["unsupported"] == len(FIXED_CASES)
+
+
+def test_unknown_kernel_is_one_line_exit_2():
+    code, stdout, stderr = _cli("run", "--kernel", "no-such-kernel")
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and "unknown kernel 'no-such-kernel'" in stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message for a machine without a GPU")
+def test_cuda_without_a_gpu_is_one_line_exit_2():
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--device", "cuda")
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and "--device=cuda: no CUDA device is visible" in stderr
+
+
+def test_bad_device_is_one_line_exit_2():
+    code, _, stderr = _cli("run", "--kernel", "reference", "--device", "gpu0")
+    assert code == 2 and stderr.count("\n") == 1 and "--device='gpu0' is not a device" in stderr
+
+
+def test_repro_runs_one_case():
+    spec = json.dumps(FIXED_CASES[1].to_dict())
+    code, stdout, _ = _cli("repro", "--kernel", "reference", "--case", spec)
+    assert code == 0
+    assert FIXED_CASES[1].name in stdout and "normalized" in stdout and "worst" in stdout
+
+
+def test_repro_of_a_failure_exits_1_with_its_description():
+    spec = json.dumps(FIXED_CASES[1].to_dict())
+    code, stdout, _ = _cli("repro", "--kernel", "tests.mutants:LSE_BASE2", "--case", spec)
+    assert code == 1 and "lse (float32) mismatches the golden" in stdout
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [("{not json", "--case is not valid JSON"), ("[1, 2]", "--case must be a JSON object"),
+     ('{"batch": 1}', "--case is not a complete case spec"), ('{"colour": 1}', "unknown fields ['colour']")],
+)
+def test_repro_rejects_a_bad_case_in_one_line(case, message):
+    code, _, stderr = _cli("repro", "--kernel", "reference", "--case", case)
+    assert code == 2 and stderr.count("\n") == 1 and message in stderr
+
+
+def test_console_entry_point_exit_code():
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "verify.cli", "run", "--kernel", "no-such-kernel"],
+        capture_output=True, text=True, env=environment, cwd=REPO, timeout=120,
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.startswith("fa2-verify: error: unknown kernel") and completed.stderr.count("\n") == 1

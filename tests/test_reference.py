@@ -1,0 +1,249 @@
+"""The tiled FA2 reference kernel (kernels/reference.py) against untiled float64
+attention (tests/naive.py): masks, GQA/MQA, empty rows, odd sizes, all dtypes,
+block sizes from 1 to larger than the sequence, eager vs deferred, poisoning."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.reference import DEFERRED, EAGER, TiledAttention
+from tests import mutants, naive
+from verify.errors import UsageError
+from verify.poison import poisoned
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+#: Largest |actual - expected| / max |expected| allowed against float64 attention on
+#: the same inputs: a few roundoffs of the dtype (P, dS and the outputs are rounded
+#: to it).  The float64 backward is limited by the float32 lse (2^-24 |lse|).
+FORWARD_TOL = {torch.float64: 1e-13, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+BACKWARD_TOL = {torch.float64: 1e-5, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
+LSE_TOL = 1e-6  # float32 storage: 2^-24 relative
+
+#: name -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+SHAPES = {
+    "square": (2, 33, 33, 4, 4, 16),
+    "gqa-long-k": (1, 19, 70, 6, 2, 8),
+    "mqa-long-q": (2, 45, 17, 3, 1, 5),
+    "one-token": (1, 1, 1, 1, 1, 1),
+}
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "window": {"window_size": (7, 3)},
+    "causal-window": {"causal": True, "window_size": (5, -1)},
+    "right-only": {"window_size": (-1, 2)},
+}
+KERNELS = {
+    "deferred": DEFERRED,
+    "eager": EAGER,
+    "blocks-larger-than-seqlen": TiledAttention(block_q=128, block_k=256),
+    "blocks-1x1": TiledAttention(block_q=1, block_k=1),
+    "blocks-7x5": TiledAttention(block_q=7, block_k=5),
+}
+
+
+def make_inputs(shape, dtype, seed=0):
+    """(q, k, v, dout) drawn in float64 from a fixed seed and rounded once to ``dtype``."""
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    rng = torch.Generator().manual_seed(seed)
+    sizes = [(batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_kv, head_dim)] * 2
+    q, k, dout, v = (torch.randn(size, generator=rng, dtype=torch.float64).to(dtype) for size in sizes)
+    return q, k, v, dout
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected| over finite entries; inf if actual has a NaN or
+    its infinities differ from expected's."""
+    actual, expected = actual.double(), expected.double()
+    if actual.isnan().any() or not torch.equal(actual.isinf(), expected.isinf()):
+        return float("inf")
+    finite = expected.isfinite()
+    if not finite.any():
+        return 0.0 if torch.equal(actual, expected) else float("inf")
+    if not torch.equal(actual[~finite], expected[~finite]):
+        return float("inf")
+    scale = expected[finite].abs().max().clamp_min(1e-300)
+    return float((actual[finite] - expected[finite]).abs().max() / scale)
+
+
+def assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
+    error = relative_error(actual, expected)
+    assert error <= tol, f"{name}: max |actual - expected| / max |expected| = {error:.3e} > {tol:.1e}"
+
+
+def check_against_naive(kernel, shape, dtype, mask, softmax_scale=0.3, seed=0) -> None:
+    q, k, v, dout = make_inputs(shape, dtype, seed)
+    out, lse = kernel.forward(q, k, v, softmax_scale=softmax_scale, **mask)
+    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, **mask)
+    expected_out, expected_lse = naive.attention(q, k, v, softmax_scale=softmax_scale, **mask)
+    expected_grads = naive.attention_grads(dout, q, k, v, softmax_scale=softmax_scale, **mask)
+    assert (out.dtype, lse.dtype, out.shape, lse.shape) == (dtype, torch.float32, q.shape, expected_lse.shape)
+    assert_matches("out", out, expected_out, FORWARD_TOL[dtype])
+    assert_matches("lse", lse, expected_lse, LSE_TOL)
+    for name, actual, expected in zip(("dq", "dk", "dv"), (dq, dk, dv), expected_grads):
+        assert actual.dtype == dtype and actual.shape == expected.shape
+        assert_matches(name, actual, expected, BACKWARD_TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_reference_matches_naive_attention(shape, mask, dtype) -> None:
+    """out, lse, dq, dk, dv of `reference` = float64 attention, within a few roundoffs of the dtype."""
+    check_against_naive(DEFERRED, shape, dtype, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mask", [MASKS["none"], MASKS["causal-window"]], ids=["none", "causal-window"])
+@pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
+def test_any_tiling_matches_naive_attention(kernel, mask, dtype) -> None:
+    """The result does not depend on the tiling: 1x1 tiles, odd tiles, tiles larger than the sequence."""
+    check_against_naive(kernel, SHAPES["gqa-long-k"], dtype, mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_eager_equals_deferred(dtype) -> None:
+    """FA1's eager and FA2's deferred rescaling give the same out and lse up to a few roundoffs."""
+    q, k, v, _ = make_inputs((2, 50, 77, 4, 2, 16), dtype)
+    eager = EAGER.forward(q, k, v, softmax_scale=0.5, causal=True)
+    deferred = DEFERRED.forward(q, k, v, softmax_scale=0.5, causal=True)
+    tol = 16 * torch.finfo(dtype).eps
+    assert_matches("out", eager[0], deferred[0], tol)
+    assert_matches("lse", eager[1], deferred[1], 16 * torch.finfo(torch.float32).eps)
+
+
+EMPTY_ROWS = {
+    # name -> (seqlen_q, seqlen_k, mask, rows that see no key)
+    "causal-more-queries": (6, 3, {"causal": True}, [0, 1, 2]),
+    "narrow-window": (5, 3, {"window_size": (0, 0)}, [0, 1]),
+    "no-keys": (4, 0, {}, [0, 1, 2, 3]),
+}
+
+
+@pytest.mark.parametrize("kernel", [DEFERRED, EAGER], ids=["deferred", "eager"])
+@pytest.mark.parametrize("case", EMPTY_ROWS.values(), ids=EMPTY_ROWS.keys())
+def test_empty_rows_are_zero_with_lse_minus_inf(case, kernel) -> None:
+    """A row that sees no key: out = 0, lse = -inf, dq = 0, and no NaN anywhere (memory poisoned)."""
+    seqlen_q, seqlen_k, mask, empty = case
+    q, k, v, dout = make_inputs((2, seqlen_q, seqlen_k, 2, 1, 8), torch.float16)
+    with poisoned("cpu"):
+        out, lse = kernel.forward(q, k, v, softmax_scale=1.0, **mask)
+        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, softmax_scale=1.0, **mask)
+    assert not any(t.isnan().any() for t in (out, lse, dq, dk, dv))
+    assert torch.equal(out[:, empty], torch.zeros_like(out[:, empty]))
+    assert torch.equal(dq[:, empty], torch.zeros_like(dq[:, empty]))
+    assert (lse[:, :, empty] == float("-inf")).all()
+    assert lse.isfinite().sum() == lse.numel() - 2 * 2 * len(empty)
+
+
+def test_zero_queries() -> None:
+    q, k, v, dout = make_inputs((1, 0, 5, 2, 2, 4), torch.float32)
+    out, lse = DEFERRED.forward(q, k, v, softmax_scale=1.0)
+    dq, dk, dv = DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=1.0)
+    assert out.shape == q.shape and lse.shape == (1, 2, 0)
+    assert torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(v))
+
+
+def test_every_output_element_is_written() -> None:
+    """Under NaN-poisoned allocation the outputs are finite and equal the unpoisoned ones,
+    while a kernel that skips its tail query block shows NaN there."""
+    q, k, v, dout = make_inputs((2, 40, 37, 4, 2, 8), torch.bfloat16)
+    args = {"softmax_scale": 0.5, "window_size": (9, 4)}
+    plain = DEFERRED.forward(q, k, v, **args)
+    plain += DEFERRED.backward(dout, q, k, v, *plain, **args)
+    with poisoned("cpu"):
+        out, lse = DEFERRED.forward(q, k, v, **args)
+        poisoned_outputs = (out, lse, *DEFERRED.backward(dout, q, k, v, out, lse, **args))
+        unwritten, _ = mutants.TAIL_BLOCK_UNWRITTEN.forward(q, k, v, **args)
+    for expected, actual in zip(plain, poisoned_outputs):
+        assert torch.equal(actual, expected)
+    assert unwritten[:, 32:].isnan().all() and not unwritten[:, :32].isnan().any()
+
+
+def test_comparison_detects_a_wrong_mask() -> None:
+    """The naive comparison used above fails for a kernel whose causal diagonal is off by one."""
+    with pytest.raises(AssertionError, match="out: max"):
+        check_against_naive(mutants.CAUSAL_SHIFT, SHAPES["square"], torch.float32, MASKS["causal"])
+
+
+def test_backward_is_deterministic() -> None:
+    q, k, v, dout = make_inputs((2, 30, 45, 4, 2, 8), torch.float16)
+    out, lse = DEFERRED.forward(q, k, v, softmax_scale=0.4, causal=True)
+    first = DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=0.4, causal=True, deterministic=True)
+    second = DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=0.4, causal=True, deterministic=True)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_inputs_are_not_modified_and_no_graph_is_built() -> None:
+    q, k, v, dout = make_inputs((1, 9, 11, 2, 1, 4), torch.float32)
+    q.requires_grad_()
+    before = [t.clone() for t in (q, k, v, dout)]
+    out, lse = DEFERRED.forward(q, k, v, softmax_scale=1.0)
+    DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=1.0)
+    assert out.grad_fn is None and all(torch.equal(a, b) for a, b in zip(before, (q, k, v, dout)))
+
+
+def test_capabilities_and_config() -> None:
+    caps = DEFERRED.capabilities
+    assert caps.dtypes == {"cpu": ("float16", "bfloat16", "float32", "float64"), "cuda": ("float16", "bfloat16", "float32", "float64")}
+    assert caps.head_dims == tuple(range(1, 513))
+    assert caps.deterministic_backward and caps.gqa and caps.window and caps.causal and not caps.varlen
+    assert DEFERRED.config() == {
+        "algorithm": "FlashAttention-2, tiled (plain PyTorch)",
+        "rescaling": "deferred",
+        "block_q": 32,
+        "block_k": 16,
+        "accumulate": "float32",
+    }
+    assert EAGER.config()["rescaling"] == "eager"
+    assert repr(EAGER) == "TiledAttention(rescaling='eager', block_q=32, block_k=16, accumulate='float32')"
+
+
+def _tensors(dtype=torch.float32):
+    q, k, v, _ = make_inputs((1, 4, 6, 4, 2, 8), dtype)
+    return q, k, v
+
+
+BAD_CALLS = {
+    "q-3d": (lambda q, k, v: DEFERRED.forward(q[0], k, v, softmax_scale=1.0), "q.shape=(4, 4, 8)"),
+    "dtype-mix": (lambda q, k, v: DEFERRED.forward(q, k.half(), v, softmax_scale=1.0), "k.dtype=float16"),
+    "head-dim": (lambda q, k, v: DEFERRED.forward(q, k[..., :4], v[..., :4], softmax_scale=1.0), "k.shape=(1, 6, 2, 4)"),
+    "heads": (lambda q, k, v: DEFERRED.forward(q[:, :, :3], k, v, softmax_scale=1.0), "heads_kv=2 does not divide heads_q=3"),
+    "int-dtype": (lambda q, k, v: DEFERRED.forward(q.int(), k.int(), v.int(), softmax_scale=1.0), "q.dtype=int32"),
+    "lse-shape": (
+        lambda q, k, v: DEFERRED.backward(q, q, k, v, q, torch.zeros(1, 4), softmax_scale=1.0),
+        "lse.shape=(1, 4)",
+    ),
+    "dout-shape": (
+        lambda q, k, v: DEFERRED.backward(q[:, :2], q, k, v, q, torch.zeros(1, 4, 4), softmax_scale=1.0),
+        "dout.shape=(1, 2, 4, 8)",
+    ),
+    "not-a-tensor": (lambda q, k, v: DEFERRED.forward(q, k, [1.0], softmax_scale=1.0), "v is a list"),
+    "block-q": (lambda q, k, v: TiledAttention(block_q=0), "block_q=0"),
+    "block-k": (lambda q, k, v: TiledAttention(block_k=2.5), "block_k=2.5"),
+    "accumulate": (lambda q, k, v: TiledAttention(accumulate=torch.int32), "accumulate=torch.int32"),
+    "rescaling": (lambda q, k, v: TiledAttention(rescaling="lazy"), "rescaling='lazy'"),
+}
+
+
+@pytest.mark.parametrize("call, message", BAD_CALLS.values(), ids=BAD_CALLS.keys())
+def test_bad_arguments_raise_usage_error(call, message) -> None:
+    with pytest.raises(UsageError) as info:
+        call(*_tensors())
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_reference_on_cuda_matches_naive_attention(dtype) -> None:
+    q, k, v, dout = (t.cuda() for t in make_inputs(SHAPES["gqa-long-k"], dtype))
+    mask = MASKS["causal-window"]
+    out, lse = DEFERRED.forward(q, k, v, softmax_scale=0.3, **mask)
+    grads = DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=0.3, **mask)
+    expected_out, expected_lse = naive.attention(q, k, v, softmax_scale=0.3, **mask)
+    assert_matches("out", out, expected_out, FORWARD_TOL[dtype])
+    assert_matches("lse", lse, expected_lse, LSE_TOL)
+    for name, actual, expected in zip(("dq", "dk", "dv"), grads, naive.attention_grads(dout, q, k, v, softmax_scale=0.3, **mask)):
+        assert_matches(name, actual, expected, BACKWARD_TOL[dtype])

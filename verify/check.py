@@ -1,0 +1,196 @@
+"""Run one case through a kernel and compare every output with the golden.
+
+The steps (forward as in Dao 2023, Algorithm 1; backward as in Algorithm 2):
+
+1. Skip, with status ``unsupported`` and the reason, a case the kernel cannot
+   run here or does not declare in its capabilities, or one for which it
+   raises :class:`~verify.errors.UnsupportedCase`.
+2. Call ``forward`` and then ``backward`` (with ``case.dout`` and the kernel's
+   own ``out`` and ``lse``), each under :func:`verify.poison.poisoned`, so an
+   element the kernel never writes reads NaN and fails.
+3. Check the contract: output count, shapes, dtypes and device, and that the
+   inputs were not modified.  An exception from the kernel or a broken
+   contract is status ``error``: a failure of the kernel, with the reason.
+4. Compute the golden (forward and backward in one ``golden.compute`` call),
+   the first-order bounds (:mod:`verify.error_model`) and the naive
+   low-precision attention for the flash-attn ratio (:mod:`verify.lowprec`),
+   and compare each output (:func:`verify.metrics.compare`).
+
+Anything that goes wrong in steps 4 or in fa2-verify itself is raised, never
+recorded as a kernel failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+
+import golden as golden_module
+from kernels.contract import dtype_name
+from verify import error_model, lowprec, metrics
+from verify.case import Case, CaseSpec, make_case
+from verify.errors import UnsupportedCase
+from verify.poison import poisoned
+from verify.registry import LoadedKernel
+from verify.results import CaseResult, RunResult, environment
+
+_INTEGER_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class _KernelError(Exception):
+    """The kernel raised or broke its contract; the message becomes the case's reason."""
+
+
+def _expected_layouts(case: Case) -> dict[str, tuple[tuple[int, ...], torch.dtype, str]]:
+    """Output name -> (shape, dtype, shape description) that the contract requires."""
+    spec = case.spec
+    q_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    kv_shape = (spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim)
+    q_axes, kv_axes = "(batch, seqlen_q, heads_q, head_dim)", "(batch, seqlen_k, heads_kv, head_dim)"
+    return {
+        "out": (q_shape, spec.torch_dtype, q_axes),
+        "lse": ((spec.batch, spec.heads_q, spec.seqlen_q), torch.float32, "(batch, heads_q, seqlen_q)"),
+        "dq": (q_shape, spec.torch_dtype, q_axes),
+        "dk": (kv_shape, spec.torch_dtype, kv_axes),
+        "dv": (kv_shape, spec.torch_dtype, kv_axes),
+    }
+
+
+def _call(kernel: LoadedKernel, entry: str, call: Callable[[], Any], outputs: tuple[str, ...], case: Case):
+    """Run one kernel entry point under poisoning; return its outputs by name after checking the contract."""
+    layouts = _expected_layouts(case)
+    device = case.q.device
+    try:
+        with poisoned(device, [layouts[name][:2] for name in outputs]):
+            returned = call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+    except UnsupportedCase:
+        raise
+    except Exception as exc:
+        raise _KernelError(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(returned, (tuple, list)) or len(returned) != len(outputs):
+        raise _KernelError(
+            f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple ({', '.join(outputs)})"
+        )
+    named = dict(zip(outputs, returned))
+    for name, tensor in named.items():
+        shape, dtype, axes = layouts[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise _KernelError(f"{kernel.name}.{entry} returned {name} as {type(tensor).__name__}, expected a tensor")
+        if tuple(tensor.shape) != shape:
+            raise _KernelError(
+                f"{kernel.name}.{entry} returned {name} with shape {tuple(tensor.shape)}, expected {shape} = {axes}"
+            )
+        if tensor.dtype != dtype:
+            raise _KernelError(
+                f"{kernel.name}.{entry} returned {name} with dtype {dtype_name(tensor.dtype)}, "
+                f"expected {dtype_name(dtype)}"
+            )
+        if tensor.device != device:
+            raise _KernelError(f"{kernel.name}.{entry} returned {name} on {tensor.device}, expected {device}")
+    return named
+
+
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves."""
+    return tensor.detach().clone().view(_INTEGER_VIEWS[tensor.element_size()])
+
+
+def _run_kernel(kernel: LoadedKernel, case: Case) -> dict[str, torch.Tensor]:
+    spec = case.spec
+    before = {name: _bits(getattr(case, name)) for name in ("q", "k", "v", "dout")}
+    masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    forward = _call(
+        kernel, "forward", lambda: kernel.forward(case.q, case.k, case.v, **masking), ("out", "lse"), case
+    )
+    outputs = {name: tensor.detach().clone() for name, tensor in forward.items()}
+    if spec.backward:
+        backward = _call(
+            kernel,
+            "backward",
+            lambda: kernel.backward(
+                case.dout, case.q, case.k, case.v, forward["out"], forward["lse"],
+                deterministic=spec.deterministic, **masking,
+            ),
+            ("dq", "dk", "dv"),
+            case,
+        )
+        outputs.update(backward)
+    for name, bits in before.items():
+        if not torch.equal(_bits(getattr(case, name)), bits):
+            raise _KernelError(f"{kernel.name} modified its input {name} in place")
+    return outputs
+
+
+def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
+    """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
+    spec = case.spec
+    device = str(case.q.device)
+
+    def result(status: str, reason: str | None = None, **extra: Any) -> CaseResult:
+        return CaseResult(spec=spec, kernel=kernel.name, device=device, status=status, reason=reason, **extra)
+
+    reason = kernel.unavailable_reason(device) or kernel.capabilities.unsupported_reason(
+        device=device,
+        dtype=spec.dtype,
+        head_dim=spec.head_dim,
+        causal=spec.causal,
+        window_size=spec.window_size,
+        heads_q=spec.heads_q,
+        heads_kv=spec.heads_kv,
+        backward=spec.backward,
+        deterministic=spec.deterministic,
+    )
+    if reason is not None:
+        return result("unsupported", reason)
+    try:
+        actual = _run_kernel(kernel, case)
+    except UnsupportedCase as exc:
+        return result("unsupported", str(exc))
+    except _KernelError as exc:
+        return result("error", str(exc))
+
+    options = {} if golden_options is None else {"options": golden_options}
+    golden = golden_module.compute(
+        case.q,
+        case.k,
+        case.v,
+        case.dout if spec.backward else None,
+        softmax_scale=spec.scale,
+        causal=spec.causal,
+        window_size=spec.window_size,
+        **options,
+    )
+    bounds = error_model.first_order_bounds(case, golden)
+    naive = lowprec.naive_attention(case)
+    comparisons = {
+        name: metrics.compare(
+            name,
+            actual[name],
+            getattr(golden, name),
+            bounds[name],
+            threshold=error_model.THRESHOLDS[name],
+            lowprec=naive[name],
+        )
+        for name in actual
+    }
+    status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
+    golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
+    return result(status, comparisons=comparisons, golden=golden_record)
+
+
+def run_cases(
+    kernel: LoadedKernel, specs: Iterable[CaseSpec], device: str, *, golden_options: Any = None
+) -> RunResult:
+    """:func:`check_case` over ``specs`` on ``device``, with the run's config, environment and thresholds."""
+    cases = [check_case(kernel, make_case(spec, device), golden_options=golden_options) for spec in specs]
+    return RunResult(
+        kernel=kernel.name,
+        device=device,
+        cases=cases,
+        config=kernel.config(),
+        environment=environment(device),
+        thresholds=dict(error_model.THRESHOLDS),
+    )
