@@ -48,7 +48,7 @@ import torch
 
 from benchmarks.naive_attention import naive_attention
 from kernels.contract import dtype_name
-from kernels.triton_fa2.configs import TileConfig
+from kernels.triton_fa2.configs import TileConfig, bucket
 
 #: Tokens per batch (batch * seqlen) and model width (heads * head_dim) of the benchmark rows.
 TOKENS = 16384
@@ -460,17 +460,19 @@ def bench_row(row: BenchRow, *, tiles=None, warm_only: bool = False, with_check:
 # --------------------------------------------------------------------------- sweep
 
 
-SWEEP_TILES: dict[str, tuple[TileConfig, ...]] = {
-    "forward": tuple(TileConfig(*t) for t in (
-        (128, 64, 4, 3), (128, 64, 4, 4), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3),
-        (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 4))),
-    "backward_kv": tuple(TileConfig(*t) for t in (
-        (64, 128, 8, 2), (64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 2), (64, 64, 4, 3),
-        (128, 128, 8, 2), (32, 64, 4, 3), (128, 64, 8, 2))),
-    "backward_dq": tuple(TileConfig(*t) for t in (
-        (128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2),
-        (64, 128, 8, 2), (128, 32, 4, 3))),
+#: (pass, head_dim) -> candidate tiles.  Earlier sweeps (docs/triton-kernel.md) settled the
+#: long-sequence rows and TMA; this one looks for the best forward tiles of short sequences.
+SWEEP_TILES: dict[tuple[str, int], tuple[TileConfig, ...]] = {
+    ("forward", 64): tuple(TileConfig(*t) for t in (
+        (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 3), (64, 128, 4, 3),
+        (128, 64, 8, 2))),
+    ("forward", 128): tuple(TileConfig(*t) for t in (
+        (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2),
+        (128, 32, 8, 3), (64, 32, 4, 3))),
 }
+
+#: Sequence lengths each pass is swept at (16k tokens per batch).
+SWEEP_SEQLENS: dict[str, tuple[int, ...]] = {"forward": (1024, 2048)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -484,9 +486,9 @@ class SweepPoint:
 
 
 SWEEP_POINTS: tuple[SweepPoint, ...] = tuple(
-    SweepPoint(pass_name, head_dim, causal, tile)
-    for pass_name, tiles in SWEEP_TILES.items()
-    for head_dim in HEAD_DIMS
+    SweepPoint(pass_name, head_dim, causal, tile, seqlen)
+    for (pass_name, head_dim), tiles in SWEEP_TILES.items()
+    for seqlen in SWEEP_SEQLENS[pass_name]
     for causal in (False, True)
     for tile in tiles
 )
@@ -523,22 +525,24 @@ def _point_dict(point: SweepPoint) -> dict:
     return record
 
 
-def best_tiles(results: list[dict]) -> dict[tuple[str, int], TileConfig]:
-    """Per (pass, head_dim): the tile with the smallest geometric-mean time over causal and full."""
-    times: dict[tuple[str, int, tuple], list[float]] = {}
+def best_tiles(results: list[dict]) -> dict[tuple[str, int, str], TileConfig]:
+    """Per (pass, head_dim, seqlen bucket): the tile with the smallest geometric-mean time over
+    causal/full and the bucket's seqlens (only tiles measured at all of them)."""
+    times: dict[tuple[str, int, str, tuple], list[float]] = {}
     for result in results:
         if "ms" not in result:
             continue
         point = result["point"]
-        key = (point["pass_name"], point["head_dim"], tuple(point["tile"].values()))
+        key = (point["pass_name"], point["head_dim"], bucket(point["seqlen"]), tuple(point["tile"].values()))
         times.setdefault(key, []).append(result["ms"])
-    best: dict[tuple[str, int], tuple[float, TileConfig]] = {}
-    for (pass_name, head_dim, tile), values in times.items():
-        if len(values) < 2:
+    best: dict[tuple[str, int, str], tuple[float, TileConfig]] = {}
+    for (pass_name, head_dim, size, tile), values in times.items():
+        needed = 2 * sum(1 for seqlen in SWEEP_SEQLENS[pass_name] if bucket(seqlen) == size)
+        if len(values) < needed:
             continue
         score = math.exp(sum(map(math.log, values)) / len(values))
-        if (pass_name, head_dim) not in best or score < best[(pass_name, head_dim)][0]:
-            best[(pass_name, head_dim)] = (score, TileConfig(*tile))
+        if (pass_name, head_dim, size) not in best or score < best[(pass_name, head_dim, size)][0]:
+            best[(pass_name, head_dim, size)] = (score, TileConfig(*tile))
     return {key: tile for key, (_score, tile) in best.items()}
 
 
@@ -646,7 +650,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="processes that compile the kernels before timing (1: compile while timing)")
     parser.add_argument("--seqlens", default=",".join(map(str, SEQLENS)), help="bench seqlens, comma-separated")
     parser.add_argument("--use-sweep", action="store_true",
-                        help="bench with the sweep's best tiles instead of the configuration table")
+                        help="bench with the sweep's best tiles where it has them, else the configuration table")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -692,8 +696,9 @@ def run(args: argparse.Namespace) -> int:
         results = [sweep_point(point) for point in SWEEP_POINTS]
         report["sweep"] = results
         best = best_tiles(results)
-        report["sweep_best"] = {f"{p} d={d}": tile.as_dict() for (p, d), tile in best.items()}
-        lines = [f"{r['point']['pass_name']:<12} d={r['point']['head_dim']:<3} causal={r['point']['causal']!s:<5} "
+        report["sweep_best"] = {f"{p} d={d} {size}": tile.as_dict() for (p, d, size), tile in best.items()}
+        lines = [f"{r['point']['pass_name']:<12} d={r['point']['head_dim']:<3} s={r['point']['seqlen']:<5} "
+                 f"causal={r['point']['causal']!s:<5} "
                  f"{tuple(r['point']['tile'].values())} " + (f"{r['ms']:.3f} ms" if "ms" in r else r["error"])
                  for r in results]
         _write(args.out, "sweep.txt", "\n".join(lines))
@@ -706,7 +711,8 @@ def run(args: argparse.Namespace) -> int:
         for row in rows:
             tiles = None
             if tiles_override:
-                tiles = {p: t for (p, d), t in tiles_override.items() if d == row.head_dim}
+                tiles = {p: t for (p, d, size), t in tiles_override.items()
+                         if d == row.head_dim and size == bucket(row.seqlen)}
             try:
                 results.append(bench_row(row, tiles=tiles))
             except Exception as exc:

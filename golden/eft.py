@@ -13,11 +13,11 @@ inputs without overflow:
 * :func:`dd_matmul` (Ozaki, Ogita, Oishi and Rump 2012, "Error-free
   transformations of matrix multiplication"): each row of ``a`` and each column
   of ``b`` is split into slices ``a = a_0 + a_1 + ...`` whose entries are
-  integer multiples of ``2**(e - beta*(s+1))`` below ``2**(e - beta*s)``
-  (``2**e`` bounds the row's largest magnitude).  With
-  ``2*beta + ceil(log2 k) <= 53`` every product ``a_s @ b_t`` is computed by
-  float64 BLAS *exactly*, whatever the summation order.  Summing the products
-  with :func:`two_sum` gives ``a @ b`` as a double-double.
+  integers of at most ``beta`` bits times a power of two common to the row
+  (column).  With ``2*beta + ceil(log2 k) <= 53`` every product
+  ``a_s @ b_t`` is computed by float64 BLAS *exactly*, whatever the
+  summation order; the leading product is kept apart from the sum of the
+  others, which are at least ``2**beta`` times smaller.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ import numpy as np
 #: Veltkamp's splitter for float64: 2**27 + 1.
 SPLITTER = 134217729.0
 
-#: Bits kept below a row's (column's) leading bit by :func:`dd_matmul`.
-OZAKI_BITS = 80
+#: Bits kept below a row's (column's) leading bit by :func:`dd_matmul`: ten
+#: more than float64 carries, so the truncation is below the rounding of the
+#: operands themselves.
+OZAKI_BITS = 63
 
-#: |shift| beyond which multiplying by 2**shift could overflow or underflow.
-_SAFE_SHIFT = 1022
+#: Row exponents for which every ``sigma`` of :func:`_slices` is a normal float64.
+_MIN_EXPONENT, _MAX_EXPONENT = -900, 900
 
 
 def two_sum(a, b):
@@ -62,14 +64,14 @@ def dot2(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def dd_matmul(a: np.ndarray, b: np.ndarray, *, bits: int = OZAKI_BITS) -> tuple[np.ndarray, np.ndarray]:
-    """Double-double ``a @ b`` for 2-D float64 ``a`` (m, k) and ``b`` (k, n).
+    """``a @ b`` as an unevaluated pair ``hi + lo`` for 2-D float64 ``a`` (m, k), ``b`` (k, n).
 
-    Slices keep ``bits`` bits below each row's (column's) leading bit, and the
-    products ``a_s @ b_t`` with ``s + t`` below the slice count are summed, so
+    ``hi = a_0 @ b_0`` exactly; ``lo`` sums, in float64, the other exact products
+    ``a_s @ b_t`` with ``s + t < count`` (``count = ceil(bits / beta)`` slices
+    each), all at most ``2**-beta`` of the leading scale.  With
+    ``M = k max_c|a_ic| max_c|b_cj|``:
 
-        |hi + lo - a @ b| <= (count**2 + 2) * k * 2**-bits * 4 * max_c|a_ic| * max_c|b_cj|
-
-    with ``count = ceil(bits / beta)``; the products themselves are exact.
+        |hi + lo - a @ b| <= (count**2 + 2) 2**-bits M + count 2**-(53 + beta) M.
     """
     m, k = a.shape
     n = b.shape[1]
@@ -79,19 +81,14 @@ def dd_matmul(a: np.ndarray, b: np.ndarray, *, bits: int = OZAKI_BITS) -> tuple[
     count = -(-bits // beta)
     a_slices = _slices(a, 1, beta, count)
     b_slices = _slices(b, 0, beta, count)
-    hi = lo = None
-    for level in range(count):
-        for s in range(level + 1):
-            t = level - s
-            if s >= len(a_slices) or t >= len(b_slices):
-                continue
-            product = a_slices[s] @ b_slices[t]
-            if hi is None:
-                hi, lo = product, np.zeros_like(product)
-            else:
-                hi, err = two_sum(hi, product)
-                lo += err
-    return two_sum(hi, lo)
+    pairs = sorted(((s, t) for s in range(len(a_slices)) for t in range(len(b_slices)) if 0 < s + t < count), key=sum)
+    hi = a_slices[0] @ b_slices[0]
+    if not pairs:
+        return hi, np.zeros_like(hi)
+    lo = a_slices[pairs[-1][0]] @ b_slices[pairs[-1][1]]
+    for s, t in reversed(pairs[:-1]):
+        lo += a_slices[s] @ b_slices[t]
+    return hi, lo
 
 
 def _veltkamp(a):
@@ -101,22 +98,33 @@ def _veltkamp(a):
 
 
 def _slices(x: np.ndarray, axis: int, beta: int, count: int) -> list[np.ndarray]:
-    """Split ``x`` into at most ``count`` slices aligned along ``axis`` (error-free)."""
-    exponent = np.frexp(np.max(np.abs(x), axis=axis, keepdims=True))[1]
+    """Error-free split of ``x`` into at most ``count`` slices aligned along ``axis``.
+
+    Slice ``s`` (from 1) is ``x``'s remainder rounded to a multiple of
+    ``2**(e - beta s)`` (Rump's ExtractScalar: ``fl(r + sigma) - sigma`` with
+    ``sigma = 0.75 * 2**(e - beta s + 53)``), so its entries are integers of
+    magnitude at most ``2**beta`` in that unit; ``2**e`` bounds the row's
+    (column's) magnitudes.  Rows too far out of float64's exponent range for
+    ``sigma`` fall back to ``ldexp``/``trunc`` slices (integers below
+    ``2**beta``), exact unless the slice's unit underflows.
+    """
+    peak = np.maximum(np.max(x, axis=axis, keepdims=True), -np.min(x, axis=axis, keepdims=True))
+    exponent = np.frexp(peak)[1]
+    safe = bool(np.all((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)))
     slices = []
     rest = x
     for s in range(1, count + 1):
-        shift = beta * s - exponent
-        piece = _times_pow2(np.trunc(_times_pow2(rest, shift)), -shift)
+        if safe:
+            sigma = np.ldexp(0.75, exponent - beta * s + 53)
+            piece = rest + sigma
+            piece -= sigma
+        else:
+            shift = beta * s - exponent
+            piece = np.ldexp(np.trunc(np.ldexp(rest, shift)), -shift)
         slices.append(piece)
-        rest = rest - piece
+        if s == count:
+            break
+        rest = rest - piece if rest is x else np.subtract(rest, piece, out=rest)
         if not rest.any():
             break
     return slices
-
-
-def _times_pow2(x: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """``x * 2**shift`` exactly: a multiply by a normal power of two, else ``ldexp``."""
-    if shift.size and int(np.max(np.abs(shift))) <= _SAFE_SHIFT:
-        return x * np.ldexp(1.0, shift)
-    return np.ldexp(x, shift)

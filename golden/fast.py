@@ -37,6 +37,12 @@ import numpy as np
 from golden.eft import dd_matmul, dot2, two_prod, two_sum
 from golden.inputs import Problem
 
+#: Query rows are processed in blocks of about this many scores (8 MiB of
+#: float64 per temporary), which bounds memory and keeps temporaries in the
+#: allocator's reused heap instead of fresh pages; dK and dV accumulate the
+#: blocks in double-double.
+BLOCK_ELEMENTS = 2**20
+
 
 @dataclasses.dataclass(frozen=True)
 class FastResult:
@@ -57,7 +63,7 @@ class FastResult:
 
 
 def attention(problem: Problem) -> FastResult:
-    """Forward (and backward when ``problem.dout`` is given) for every head."""
+    """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows."""
     backward = problem.dout is not None
     shape_q = problem.q.shape
     rows = shape_q[:3]
@@ -66,20 +72,27 @@ def attention(problem: Problem) -> FastResult:
     delta_hi, delta_lo = np.zeros(rows), np.zeros(rows)
     dq = np.zeros(shape_q)
     dk, dv = np.zeros(problem.k.shape), np.zeros(problem.v.shape)
+    step = max(1, BLOCK_ELEMENTS // max(problem.seqlen_k, 1))
     for b in range(problem.batch):
         for g in range(problem.heads_kv):
+            k, v = problem.k[b, g], problem.v[b, g]
             dk_acc = dv_acc = None
             for h in range(g * problem.group, (g + 1) * problem.group):
-                k, v = problem.k[b, g], problem.v[b, g]
-                head = _forward(problem.q[b, h], k, v, problem.mask, problem.scale)
-                out[b, h], lse_hi[b, h], lse_lo[b, h] = head.out, head.lse_hi, head.lse_lo
-                if not backward:
-                    continue
-                grads = _backward(problem.dout[b, h], problem.q[b, h], k, v, head, problem.scale)
-                dq[b, h], delta_hi[b, h], delta_lo[b, h] = grads.dq, grads.delta_hi, grads.delta_lo
-                dk_acc = _accumulate(dk_acc, grads.dk_sum)
-                dv_acc = _accumulate(dv_acc, grads.dv)
-            if backward:
+                for start in range(0, problem.seqlen_q, step):
+                    block = slice(start, start + step)
+                    head = _forward(problem.q[b, h, block], k, v, problem.mask[block], problem.scale)
+                    out[b, h, block], lse_hi[b, h, block], lse_lo[b, h, block] = head.out, head.lse_hi, head.lse_lo
+                    if not backward:
+                        continue
+                    grads = _backward(problem.dout[b, h, block], problem.q[b, h, block], k, v, head, problem.scale)
+                    dq[b, h, block], delta_hi[b, h, block], delta_lo[b, h, block] = (
+                        grads.dq,
+                        grads.delta_hi,
+                        grads.delta_lo,
+                    )
+                    dk_acc = _accumulate(dk_acc, grads.dk_sum)
+                    dv_acc = _accumulate(dv_acc, grads.dv)
+            if dk_acc is not None:
                 dk[b, g] = _times(dk_acc, problem.scale)
                 dv[b, g] = dv_acc[0] + dv_acc[1]
     lse = lse_hi + lse_lo
@@ -114,17 +127,14 @@ def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scal
     empty = ~mask.any(axis=1)
     row_max = np.max(s_hi if full else np.where(mask, s_hi, -np.inf), axis=1, initial=-np.inf)
     row_max[empty] = 0.0
-    t_hi, t_lo = two_sum(s_hi, -row_max[:, None])
-    logits = magnitude * (t_hi + (t_lo + s_lo))
+    logits = magnitude * ((s_hi - row_max[:, None]) + s_lo)
     if not full:
-        logits = np.where(mask, logits, -np.inf)
+        logits[~mask] = -np.inf
     e = np.exp(logits)
     ell = e.sum(axis=1)
     p = e / np.where(empty, 1.0, ell)[:, None]
     max_hi, max_lo = two_prod(row_max, magnitude)
-    with np.errstate(divide="ignore"):
-        log_ell = np.log(ell)
-    lse_hi, sum_lo = two_sum(max_hi, log_ell)
+    lse_hi, sum_lo = two_sum(max_hi, np.log(np.where(empty, 1.0, ell)))
     lse_lo = np.where(empty, 0.0, max_lo + sum_lo)
     lse_hi = np.where(empty, -np.inf, lse_hi)
     out_hi, out_lo = dd_matmul(p, v)
@@ -137,8 +147,7 @@ def _backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
     delta_hi, delta_lo = dot2(dout, out_hi)
     delta_hi, delta_lo = two_sum(delta_hi, delta_lo + np.sum(dout * out_lo, axis=1))
     dp_hi, dp_lo = dd_matmul(dout, v.T)
-    diff_hi, diff_lo = two_sum(dp_hi, -delta_hi[:, None])
-    ds = head.p * (diff_hi + (diff_lo + (dp_lo - delta_lo[:, None])))
+    ds = head.p * ((dp_hi - delta_hi[:, None]) + (dp_lo - delta_lo[:, None]))
     dq = _times(dd_matmul(ds, k), scale)
     return _Backward(dq, dd_matmul(ds.T, q), dd_matmul(head.p.T, dout), delta_hi, delta_lo)
 

@@ -4,10 +4,12 @@ The certification (:mod:`golden.certify`) needs a few rows of a large case
 in high precision, quickly.  The formulas are those of :mod:`golden.mp`; what
 differs is how they are evaluated:
 
-* every float64 array is an exact integer array times a power of two
-  (:func:`exact`), so a dot product of two inputs, e.g. ``q_i . k_j`` or
-  ``dO_i . v_j``, is an exact integer computed by numpy on Python ints;
-* a vector of mpf weights (``P`` or ``dS``) becomes integers on a common
+* every float64 array is an exact integer array times a power of two,
+  stored as signed int64 limbs of :data:`LIMB_BITS` bits (:func:`exact`), so a
+  dot product of two inputs, e.g. ``q_i . k_j`` or ``dO_i . v_j``, is an exact
+  integer: int64 products of limbs cannot overflow, and the partial results
+  are combined as Python ints (:func:`dot`);
+* a vector of mpf weights (``P`` or ``dS``) becomes integer limbs on a common
   exponent (terms below ``2**-(2 precision + 64)`` of the largest are dropped,
   as ``mpmath.fsum`` does), so ``sum_j P_ij v_j`` and ``sum_j dS_ij k_j`` are
   exact too and rounded once;
@@ -30,16 +32,33 @@ from mpmath import libmp
 
 RND = libmp.round_nearest
 
+#: Bits per int64 limb: a product of two limbs is below 2**44, so a dot product
+#: of up to 2**19 terms cannot overflow (the fast path's seqlen_q * seqlen_k
+#: memory keeps every sequence far shorter).
+LIMB_BITS = 22
+_LIMB_MASK = (1 << LIMB_BITS) - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class Exact:
-    """``ints * 2**exponent``: an object array of Python ints and one exponent."""
+    """``sum_l limbs[l] * 2**(LIMB_BITS * l) * 2**exponent``: an exact integer array.
 
-    ints: np.ndarray
+    ``limbs`` is int64 of shape ``(count, *shape)``, each limb of magnitude
+    below ``2**LIMB_BITS`` and of the sign of its integer.
+    """
+
+    limbs: np.ndarray
     exponent: int
 
     def rows(self, index) -> "Exact":
-        return Exact(self.ints[index], self.exponent)
+        return Exact(self.limbs[:, index], self.exponent)
+
+    def ints(self) -> np.ndarray:
+        """The integers as a numpy object array of Python ints."""
+        total = np.zeros(self.limbs.shape[1:], dtype=object)
+        for count, limb in enumerate(self.limbs):
+            total = total + (limb.astype(object) << (LIMB_BITS * count))
+        return total
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,13 +76,32 @@ def exact(x: np.ndarray) -> Exact:
     exponent = exponent.astype(np.int64) - 53
     nonzero = ints != 0
     if not nonzero.any():
-        return Exact(np.zeros(x.shape, dtype=object), 0)
+        return Exact(np.zeros((1, *x.shape), dtype=np.int64), 0)
     trailing = np.where(nonzero, np.frexp((ints & -ints).astype(np.float64))[1] - 1, 0)
-    ints >>= trailing
+    magnitude = np.abs(ints) >> trailing
     exponent += trailing
     base = int(exponent[nonzero].min())
-    shifts = np.where(nonzero, exponent - base, 0)
-    return Exact(ints.astype(object) << shifts.astype(object), base)
+    shift = np.where(nonzero, exponent - base, 0)
+    bits = np.frexp(magnitude.astype(np.float64))[1]
+    count = -(-int((shift + bits).max()) // LIMB_BITS)
+    limbs = np.empty((count, *x.shape), dtype=np.int64)
+    for index in range(count):
+        low = LIMB_BITS * index - shift
+        left = np.clip(-low, 0, LIMB_BITS)
+        window = (magnitude >> np.clip(low, 0, 63)) & ((1 << (LIMB_BITS - left)) - 1)
+        limbs[index] = np.sign(ints) * (window << left)
+    return Exact(limbs, base)
+
+
+def dot(a: Exact, b: Exact) -> tuple:
+    """``(ints, exponent)`` of the exact product ``a @ b`` (numpy matmul shapes, Python ints)."""
+    total = 0
+    for i, a_limb in enumerate(a.limbs):
+        for j, b_limb in enumerate(b.limbs):
+            part = a_limb @ b_limb
+            part = part.astype(object) if isinstance(part, np.ndarray) else int(part)
+            total = total + (part << (LIMB_BITS * (i + j)))
+    return total, a.exponent + b.exponent
 
 
 def mpf(value: float) -> tuple:
@@ -73,9 +111,7 @@ def mpf(value: float) -> tuple:
 
 def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None, scale: float, prec: int) -> QueryRow:
     """One query row; ``k`` and ``v`` hold only the keys the row sees (at least one)."""
-    q_x = exact(q_row)
-    scores = k.ints @ q_x.ints
-    score_exp = k.exponent + q_x.exponent
+    scores, score_exp = dot(k, exact(q_row))
     top = max(scores) if scale >= 0 else min(scores)
     scale_mpf = mpf(scale)
     e = [libmp.mpf_exp(libmp.mpf_mul(libmp.from_man_exp(s - top, score_exp), scale_mpf), prec, RND) for s in scores]
@@ -83,22 +119,19 @@ def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None
     row_max = libmp.mpf_mul(libmp.from_man_exp(top, score_exp), scale_mpf, prec, RND)
     lse = libmp.mpf_add(row_max, libmp.mpf_log(ell, prec, RND), prec, RND)
     p = [libmp.mpf_div(x, ell, prec, RND) for x in e]
-    p_x = _fixed(p, prec)
-    out_ints = p_x.ints @ v.ints
-    out_exp = p_x.exponent + v.exponent
+    out_ints, out_exp = dot(_weights(p, prec), v)
     out = [libmp.from_man_exp(o, out_exp, prec, RND) for o in out_ints]
     if dout_row is None:
         return QueryRow(out, lse, None, None)
     dout_x = exact(dout_row)
-    delta = libmp.from_man_exp(out_ints @ dout_x.ints, out_exp + dout_x.exponent, prec, RND)
-    dp_exp = v.exponent + dout_x.exponent
+    delta = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
+    dp, dp_exp = dot(v, dout_x)
     ds = [
-        libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(dp, dp_exp), delta, prec, RND), prec, RND)
-        for p_j, dp in zip(p, v.ints @ dout_x.ints)
+        libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(dp_j, dp_exp), delta, prec, RND), prec, RND)
+        for p_j, dp_j in zip(p, dp)
     ]
-    ds_x = _fixed(ds, prec)
-    dq_exp = ds_x.exponent + k.exponent
-    dq = [libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in ds_x.ints @ k.ints]
+    dq_ints, dq_exp = dot(_weights(ds, prec), k)
+    dq = [libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in dq_ints]
     return QueryRow(out, lse, delta, dq)
 
 
@@ -115,33 +148,40 @@ def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int
     scale_mpf = mpf(scale)
     dk_parts, dv_parts = [], []
     for q, dout, lse, delta in heads:
-        score_exp = q.exponent + k_x.exponent
+        scores, score_exp = dot(q, k_x)
         p = [
             libmp.mpf_exp(
                 libmp.mpf_sub(libmp.mpf_mul(libmp.from_man_exp(s, score_exp), scale_mpf), lse_i, prec, RND), prec, RND
             )
-            for s, lse_i in zip(q.ints @ k_x.ints, lse)
+            for s, lse_i in zip(scores, lse)
         ]
-        dp_exp = dout.exponent + v_x.exponent
+        dp, dp_exp = dot(dout, v_x)
         ds = [
-            libmp.mpf_mul(p_i, libmp.mpf_sub(libmp.from_man_exp(dp, dp_exp), delta_i, prec, RND), prec, RND)
-            for p_i, dp, delta_i in zip(p, dout.ints @ v_x.ints, delta)
+            libmp.mpf_mul(p_i, libmp.mpf_sub(libmp.from_man_exp(dp_i, dp_exp), delta_i, prec, RND), prec, RND)
+            for p_i, dp_i, delta_i in zip(p, dp, delta)
         ]
-        p_x, ds_x = _fixed(p, prec), _fixed(ds, prec)
-        dv_parts.append([libmp.from_man_exp(x, p_x.exponent + dout.exponent) for x in p_x.ints @ dout.ints])
-        dk_parts.append([libmp.from_man_exp(x, ds_x.exponent + q.exponent) for x in ds_x.ints @ q.ints])
+        dv_ints, dv_exp = dot(_weights(p, prec), dout)
+        dk_ints, dk_exp = dot(_weights(ds, prec), q)
+        dv_parts.append([libmp.from_man_exp(x, dv_exp) for x in dv_ints])
+        dk_parts.append([libmp.from_man_exp(x, dk_exp) for x in dk_ints])
     dv = [libmp.mpf_sum(parts, prec, RND) for parts in zip(*dv_parts)]
     dk = [libmp.mpf_mul(libmp.mpf_sum(parts), scale_mpf, prec, RND) for parts in zip(*dk_parts)]
     return dk, dv
 
 
-def _fixed(values: list, prec: int) -> Exact:
-    """Raw mpf values as integers on one exponent, dropping those below 2**-(2 prec + 64) of the largest."""
+def _weights(values: list, prec: int) -> Exact:
+    """Raw mpf values as :class:`Exact` limbs, dropping those below 2**-(2 prec + 64) of the largest."""
     tops = [exp + bc for _, man, exp, bc in values if man]
     if not tops:
-        return Exact(np.zeros(len(values), dtype=object), 0)
+        return Exact(np.zeros((1, len(values)), dtype=np.int64), 0)
     floor = max(tops) - 2 * prec - 64
     kept = [v if v[1] and v[2] + v[3] > floor else libmp.fzero for v in values]
     base = min(exp for _, man, exp, _ in kept if man)
-    ints = [(-man if sign else man) << (exp - base) if man else 0 for sign, man, exp, _ in kept]
-    return Exact(np.array(ints, dtype=object), base)
+    count = -(-(max(tops) - base) // LIMB_BITS)
+    limbs = np.zeros((count, len(values)), dtype=np.int64)
+    for column, (sign, man, exp, _) in enumerate(kept):
+        magnitude = man << (exp - base) if man else 0
+        for index in range(count):
+            limbs[index, column] = -(magnitude & _LIMB_MASK) if sign else magnitude & _LIMB_MASK
+            magnitude >>= LIMB_BITS
+    return Exact(limbs, base)

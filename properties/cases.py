@@ -31,28 +31,39 @@ def case_specs(
     deterministic: bool = False,
     masked: bool = True,
     gqa: bool = True,
+    min_batch: int = 1,
+    min_heads_q: int = 1,
+    min_group: int = 1,
     generators: Iterable[str] | None = None,
     dtypes: Iterable[str] | None = None,
 ) -> st.SearchStrategy[CaseSpec]:
     """Cases the kernel supports on ``device``.
 
     ``backward``/``deterministic`` request a backward case (in deterministic
-    mode); ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only
-    (both for metamorphic relations that need them); ``generators`` and
-    ``dtypes`` restrict the value generators and dtypes drawn.
+    mode); ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only;
+    ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
+    the metamorphic relations that need them; ``generators`` and ``dtypes``
+    restrict the value generators and dtypes drawn.
     """
     for name, flag in (("backward", backward), ("deterministic", deterministic), ("masked", masked), ("gqa", gqa)):
         check_bool(name, flag)
     if backward and not capabilities.backward:
         raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
+    if min_group > 1 and not (gqa and capabilities.gqa):
+        raise UsageError(f"min_group={min_group}: the kernel has no GQA/MQA (or gqa=False); leave min_group=1")
     if deterministic and not capabilities.deterministic_backward:
         raise UsageError("deterministic=True: the kernel has no deterministic backward; leave deterministic=False")
     dtype_strategy = inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)
     generator_strategy = inputs.generator_names(include=generators)
     head_dim_strategy = shapes.head_dims(capabilities=capabilities, max_value=limits.max_head_dim)
     heads_strategy = shapes.head_counts(
-        max_heads_kv=limits.max_heads_kv, max_group=limits.max_group, gqa=gqa and capabilities.gqa
+        max_heads_kv=limits.max_heads_kv,
+        max_group=limits.max_group,
+        gqa=gqa and capabilities.gqa,
+        min_group=min_group,
+        min_heads_q=min_heads_q,
     )
+    batch_strategy = shapes.batches(min_value=min_batch, max_value=limits.max_batch)
 
     @st.composite
     def build(draw: st.DrawFn) -> CaseSpec:
@@ -64,7 +75,7 @@ def case_specs(
             else masks.NO_MASK
         )
         return CaseSpec(
-            batch=draw(shapes.batches(max_value=limits.max_batch)),
+            batch=draw(batch_strategy),
             seqlen_q=seqlen_q,
             seqlen_k=seqlen_k,
             heads_q=heads_q,

@@ -25,6 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from properties import profiles
+from properties.plugin import MARKER
 from properties.session import Suite
 from properties.validation import check_choices
 
@@ -38,7 +39,6 @@ PROPERTY_MODULES: tuple[str, ...] = (
     "properties.test_determinism",
 )
 
-MARKER = "fa2_property"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,20 +76,19 @@ def shift_scores(case: Case) -> tuple[Case, Case, torch.Tensor]:
     return dataclasses.replace(case, q=base_q, k=k), dataclasses.replace(case, q=shifted_q, k=k), shift
 
 
-def replace_except(case: Case, other: Case, *, batch: int | None = None, kv_head: int | None = None) -> Case:
-    """``case`` with every input taken from ``other`` except batch element ``batch`` or kv head ``kv_head``.
+def replace_except(case: Case, other: Case, *, batch: int | None = None, head: int | None = None) -> Case:
+    """``case`` with every input taken from ``other`` except batch element ``batch``, or query head ``head``.
 
-    For ``kv_head`` the kept query heads are that kv head's group.
+    Keeping query head ``h`` keeps its kv head ``h // (heads_q // heads_kv)`` too.
     """
     group = case.spec.heads_q // case.spec.heads_kv
 
-    def mix(mine: torch.Tensor, theirs: torch.Tensor, per_query_head: bool) -> torch.Tensor:
+    def mix(mine: torch.Tensor, theirs: torch.Tensor, query_heads: bool) -> torch.Tensor:
         keep = torch.zeros(mine.shape[0], 1, mine.shape[2], 1, dtype=torch.bool, device=mine.device)
         if batch is not None:
             keep[batch] = True
         else:
-            heads = range(kv_head * group, (kv_head + 1) * group) if per_query_head else [kv_head]
-            keep[:, :, list(heads)] = True
+            keep[:, :, head if query_heads else head // group] = True
         return torch.where(keep, mine, theirs)
 
     return dataclasses.replace(

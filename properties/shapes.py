@@ -47,15 +47,21 @@ def seqlen_pairs(*, min_value: int = 1, max_value: int = 128) -> st.SearchStrate
     return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
 
 
-def head_counts(*, max_heads_kv: int = 3, max_group: int = 3, gqa: bool = True) -> st.SearchStrategy[tuple[int, int]]:
+def head_counts(
+    *, max_heads_kv: int = 3, max_group: int = 3, gqa: bool = True, min_group: int = 1, min_heads_q: int = 1
+) -> st.SearchStrategy[tuple[int, int]]:
     """``(heads_q, heads_kv)`` with ``heads_q = group * heads_kv``: MHA, GQA (kv > 1) and MQA (kv = 1).
 
-    ``gqa=False`` (a kernel without GQA) gives MHA only.
+    ``gqa=False`` (a kernel without GQA) gives MHA only; ``min_group=2`` GQA/MQA
+    only; ``min_heads_q`` at least that many query heads.
     """
     check_int("max_heads_kv", max_heads_kv, min_value=1)
     check_int("max_group", max_group, min_value=1)
-    groups = st.integers(1, max_group if gqa else 1)
-    return st.tuples(groups, st.integers(1, max_heads_kv)).map(lambda pair: (pair[0] * pair[1], pair[1]))
+    check_int("min_group", min_group, min_value=1, max_value=max_group if gqa else 1)
+    check_int("min_heads_q", min_heads_q, min_value=1, max_value=max_heads_kv * (max_group if gqa else 1))
+    groups = st.integers(min_group, max_group if gqa else 1)
+    pairs = st.tuples(groups, st.integers(1, max_heads_kv)).map(lambda pair: (pair[0] * pair[1], pair[1]))
+    return pairs.filter(lambda heads: heads[0] >= min_heads_q) if min_heads_q > 1 else pairs
 
 
 def head_dims(*, capabilities: Capabilities, max_value: int = 64) -> st.SearchStrategy[int]:

@@ -20,6 +20,7 @@ from kernels.contract import Capabilities
 from verify.cli import main
 from verify.fixed_cases import FIXED_CASES
 from verify.registry import load_kernel
+from verify.report_json import SCHEMA_VERSION, load_tolerance_report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -78,12 +79,13 @@ def test_reference_passes_on_cpu(reference_run):
 
 def test_tolerance_json_schema(reference_run):
     path = reference_run[3]
-    record = json.loads(path.read_text())
-    assert record["schema_version"] == 1
+    record = load_tolerance_report(path)
+    assert record["schema_version"] == SCHEMA_VERSION
     assert record["kernel"] == "reference" and record["device"] == "cpu"
     assert {"torch", "python", "device_name"} <= set(record["environment"])
     assert record["environment"]["torch"] == torch.__version__
-    assert isinstance(record["config"], dict)
+    assert record["config"] == load_kernel("reference").config()
+    assert record["environment"]["kernel_config"] == record["config"]
     assert record["thresholds"] == {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
     assert record["summary"] == {"passed": len(FIXED_CASES), "failed": 0, "unsupported": 0, "error": 0}
     for case in record["cases"]:
@@ -128,7 +130,9 @@ def test_unsupported_cases_are_listed_never_passed(tmp_path):
 
 def test_nothing_supported_is_an_error_and_overwrite_replaces_the_report(tmp_path):
     (tmp_path / "tolerance.json").write_text("old")
-    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:NOTHING", "--report", str(tmp_path), "--overwrite")
+    code, stdout, stderr = _cli(
+        "run", "--kernel", "tests.test_cli_run:NOTHING", "--report", str(tmp_path), "--overwrite"
+    )
     assert code == 2
     assert "supports none of the" in stderr and "nothing was verified" in stderr
     assert json.loads((tmp_path / "tolerance.json").read_text())["summary"]["unsupported"] == len(FIXED_CASES)

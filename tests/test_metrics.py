@@ -138,7 +138,8 @@ def test_threshold_decides_the_mismatch():
 
 def test_worst_element_is_a_real_mismatch():
     # Element 0 has the largest absolute error but a large bound; element 2 is the real worst mismatch.
-    comparison = _compare([2.0, 1.0, 1.0 + 2.0**-8, 1.0 + 2.0**-9], [1.0, 1.0, 1.0, 1.0], [10.0, 1.0, 2.0**-10, 2.0**-10])
+    actual = [2.0, 1.0, 1.0 + 2.0**-8, 1.0 + 2.0**-9]
+    comparison = _compare(actual, [1.0, 1.0, 1.0, 1.0], [10.0, 1.0, 2.0**-10, 2.0**-10])
     assert comparison.mismatches == 2
     assert comparison.worst["index"] == [2]
     assert comparison.worst["normalized"] == 4.0
@@ -157,9 +158,10 @@ def test_a_nan_golden_is_an_error_of_the_harness():
         _compare([1.0], [math.nan])
 
 
-def test_a_zero_bound_is_an_error_of_the_harness():
-    with pytest.raises(ValueError, match="bound must be positive"):
-        _compare([1.0], [1.0], 0.0)
+@pytest.mark.parametrize("bound", [0.0, INF, math.nan])
+def test_a_zero_or_non_finite_bound_is_an_error_of_the_harness(bound):
+    with pytest.raises(ValueError, match="bound must be positive and finite"):
+        _compare([1.0], [1.0], bound)
 
 
 def test_tensor_path_names_the_axes():
@@ -206,7 +208,8 @@ def test_describe_failure_names_output_path_count_worst_threshold_and_reproducti
 
 def test_describe_failure_of_an_errored_case_gives_the_reason():
     spec = CaseSpec(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=8, dtype="float32")
-    result = CaseResult(spec=spec, kernel="k", device="cpu", status="error", reason="k.forward raised RuntimeError: boom")
+    reason = "k.forward raised RuntimeError: boom"
+    result = CaseResult(spec=spec, kernel="k", device="cpu", status="error", reason=reason)
     message = describe_failure(result)
     assert "error: k.forward raised RuntimeError: boom" in message
     assert "reproduce: fa2-verify repro --kernel k" in message

@@ -8,18 +8,12 @@ import pytest
 import torch
 
 from kernels.reference import DEFERRED, EAGER, TiledAttention
-from tests import mutants, naive
+from tests import mutants
+from tests.naive import assert_matches, check_against_attention, make_inputs
 from verify.errors import UsageError
 from verify.poison import poisoned
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-#: Largest |actual - expected| / max |expected| allowed against float64 attention on
-#: the same inputs: a few roundoffs of the dtype (P, dS and the outputs are rounded
-#: to it).  The float64 backward is limited by the float32 lse (2^-24 |lse|).
-FORWARD_TOL = {torch.float64: 1e-13, torch.float32: 1e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
-BACKWARD_TOL = {torch.float64: 1e-5, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 6e-2}
-LSE_TOL = 1e-6  # float32 storage: 2^-24 relative
 
 #: name -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
 SHAPES = {
@@ -44,55 +38,12 @@ KERNELS = {
 }
 
 
-def make_inputs(shape, dtype, seed=0):
-    """(q, k, v, dout) drawn in float64 from a fixed seed and rounded once to ``dtype``."""
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
-    rng = torch.Generator().manual_seed(seed)
-    sizes = [(batch, seqlen_q, heads_q, head_dim), (batch, seqlen_k, heads_kv, head_dim)] * 2
-    q, k, dout, v = (torch.randn(size, generator=rng, dtype=torch.float64).to(dtype) for size in sizes)
-    return q, k, v, dout
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected| over finite entries; inf if actual has a NaN or
-    its infinities differ from expected's."""
-    actual, expected = actual.double(), expected.double()
-    if actual.isnan().any() or not torch.equal(actual.isinf(), expected.isinf()):
-        return float("inf")
-    finite = expected.isfinite()
-    if not finite.any():
-        return 0.0 if torch.equal(actual, expected) else float("inf")
-    if not torch.equal(actual[~finite], expected[~finite]):
-        return float("inf")
-    scale = expected[finite].abs().max().clamp_min(1e-300)
-    return float((actual[finite] - expected[finite]).abs().max() / scale)
-
-
-def assert_matches(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float) -> None:
-    error = relative_error(actual, expected)
-    assert error <= tol, f"{name}: max |actual - expected| / max |expected| = {error:.3e} > {tol:.1e}"
-
-
-def check_against_naive(kernel, shape, dtype, mask, softmax_scale=0.3, seed=0) -> None:
-    q, k, v, dout = make_inputs(shape, dtype, seed)
-    out, lse = kernel.forward(q, k, v, softmax_scale=softmax_scale, **mask)
-    dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale, **mask)
-    expected_out, expected_lse = naive.attention(q, k, v, softmax_scale=softmax_scale, **mask)
-    expected_grads = naive.attention_grads(dout, q, k, v, softmax_scale=softmax_scale, **mask)
-    assert (out.dtype, lse.dtype, out.shape, lse.shape) == (dtype, torch.float32, q.shape, expected_lse.shape)
-    assert_matches("out", out, expected_out, FORWARD_TOL[dtype])
-    assert_matches("lse", lse, expected_lse, LSE_TOL)
-    for name, actual, expected in zip(("dq", "dk", "dv"), (dq, dk, dv), expected_grads):
-        assert actual.dtype == dtype and actual.shape == expected.shape
-        assert_matches(name, actual, expected, BACKWARD_TOL[dtype])
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 def test_reference_matches_naive_attention(shape, mask, dtype) -> None:
     """out, lse, dq, dk, dv of `reference` = float64 attention, within a few roundoffs of the dtype."""
-    check_against_naive(DEFERRED, shape, dtype, mask)
+    check_against_attention(DEFERRED, shape, dtype, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
@@ -100,7 +51,7 @@ def test_reference_matches_naive_attention(shape, mask, dtype) -> None:
 @pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
 def test_any_tiling_matches_naive_attention(kernel, mask, dtype) -> None:
     """The result does not depend on the tiling: 1x1 tiles, odd tiles, tiles larger than the sequence."""
-    check_against_naive(kernel, SHAPES["gqa-long-k"], dtype, mask)
+    check_against_attention(kernel, SHAPES["gqa-long-k"], dtype, mask)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -165,7 +116,7 @@ def test_every_output_element_is_written() -> None:
 def test_comparison_detects_a_wrong_mask() -> None:
     """The naive comparison used above fails for a kernel whose causal diagonal is off by one."""
     with pytest.raises(AssertionError, match="out: max"):
-        check_against_naive(mutants.CAUSAL_SHIFT, SHAPES["square"], torch.float32, MASKS["causal"])
+        check_against_attention(mutants.CAUSAL_SHIFT, SHAPES["square"], torch.float32, MASKS["causal"])
 
 
 def test_backward_is_deterministic() -> None:
@@ -238,12 +189,4 @@ def test_bad_arguments_raise_usage_error(call, message) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_reference_on_cuda_matches_naive_attention(dtype) -> None:
-    q, k, v, dout = (t.cuda() for t in make_inputs(SHAPES["gqa-long-k"], dtype))
-    mask = MASKS["causal-window"]
-    out, lse = DEFERRED.forward(q, k, v, softmax_scale=0.3, **mask)
-    grads = DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=0.3, **mask)
-    expected_out, expected_lse = naive.attention(q, k, v, softmax_scale=0.3, **mask)
-    assert_matches("out", out, expected_out, FORWARD_TOL[dtype])
-    assert_matches("lse", lse, expected_lse, LSE_TOL)
-    for name, actual, expected in zip(("dq", "dk", "dv"), grads, naive.attention_grads(dout, q, k, v, softmax_scale=0.3, **mask)):
-        assert_matches(name, actual, expected, BACKWARD_TOL[dtype])
+    check_against_attention(DEFERRED, SHAPES["gqa-long-k"], dtype, MASKS["causal-window"], device="cuda")

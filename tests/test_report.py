@@ -119,12 +119,16 @@ def test_nothing_ran_is_not_a_pass():
 
 def test_write_is_strict_json_atomic_and_not_overwritten(run, tmp_path):
     path = tmp_path / "tolerance.json"
-    infinite = synthetic_run(synthetic_result("nan", scales={"out": math.inf}))
+    infinite = synthetic_run(synthetic_result("inf-out", scales={"out": math.inf}))
     write_tolerance_report(path, infinite, environment=ENVIRONMENT, overwrite=False)
-    text = path.read_text()
-    assert "Infinity" not in text and "NaN" not in text
+
+    def refuse(constant):
+        raise AssertionError(f"tolerance.json holds the non-JSON constant {constant}")
+
+    json.loads(path.read_text(), parse_constant=refuse)
     loaded = load_tolerance_report(path)
-    assert loaded["groups"][2]["metrics"]["normalized"]["quantiles"]["max"] == "inf"
+    out = next(group for group in loaded["groups"] if group["output"] == "out")
+    assert out["metrics"]["normalized"]["quantiles"]["max"] == "inf" and out["verdict"] == "failed"
     with pytest.raises(ReportError, match="exists"):
         write_tolerance_report(path, run, environment=ENVIRONMENT, overwrite=False)
     write_tolerance_report(path, run, environment=ENVIRONMENT, overwrite=True)

@@ -45,8 +45,8 @@ from verify.results import CaseResult, RunResult
 SCHEMA = "fa2-verify/baseline"
 SCHEMA_VERSION = 1
 
-#: The metrics a baseline keeps and the gate compares (dimensionless both).
-GATED_METRICS: tuple[str, ...] = ("normalized", "ulp")
+#: The metrics a baseline keeps (dimensionless both); :mod:`verify.gate` decides which of them gate.
+BASELINE_METRICS: tuple[str, ...] = ("normalized", "ulp")
 
 #: Worse statuses win when repeats disagree.
 _STATUS_RANK = {"passed": 0, "unsupported": 1, "failed": 2, "error": 3}
@@ -148,8 +148,8 @@ class Baseline:
 
 
 def _metric_table(record: Any, where: str) -> dict[str, dict[str, float]]:
-    if not isinstance(record, dict) or set(record) != set(GATED_METRICS):
-        raise ValueError(f"{where} must map exactly {list(GATED_METRICS)} to quantiles")
+    if not isinstance(record, dict) or set(record) != set(BASELINE_METRICS):
+        raise ValueError(f"{where} must map exactly {list(BASELINE_METRICS)} to quantiles")
     table = {}
     for metric, values in record.items():
         if not isinstance(values, dict) or set(values) != set(QUANTILES):
@@ -229,10 +229,29 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
         raise BaselineError(f"--baseline={path} is corrupt ({detail}): {fix}") from None
 
 
+def dumps(baseline: Baseline) -> str:
+    """Strict JSON, one group and one case per line, so that a baseline's diff reads group by group."""
+
+    def value(item: Any) -> str:
+        return json.dumps(item, allow_nan=False, default=str)
+
+    record = baseline.to_dict()
+    lines = []
+    for key, item in record.items():
+        if key == "groups":
+            body = ",\n".join(f"  {value(group)}" for group in item)
+            lines.append(f' "groups": [\n{body}\n ]')
+        elif key == "cases":
+            body = ",\n".join(f"  {value(name)}: {value(case)}" for name, case in item.items())
+            lines.append(f' "cases": {{\n{body}\n }}')
+        else:
+            lines.append(f" {value(key)}: {value(item)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
 def write_baseline(baseline: Baseline, path: str | pathlib.Path, *, overwrite: bool) -> pathlib.Path:
-    """Write ``baseline`` atomically; an existing file is kept unless ``overwrite``."""
-    text = json.dumps(baseline.to_dict(), indent=1, sort_keys=False, allow_nan=False, default=str) + "\n"
-    return write_text_atomic(path, text, overwrite=overwrite)
+    """Write ``baseline`` atomically (:func:`dumps`); an existing file is kept unless ``overwrite``."""
+    return write_text_atomic(path, dumps(baseline), overwrite=overwrite)
 
 
 def measure(
@@ -267,7 +286,7 @@ def summarize(
     for key in keys:
         quantiles: dict[str, dict[str, float]] = {}
         jitter: dict[str, dict[str, float]] = {}
-        for metric in GATED_METRICS:
+        for metric in BASELINE_METRICS:
             repeats = [
                 max_quantiles([getattr(comparison, metric) for _, comparison in groups[key]])
                 for groups in per_run

@@ -27,6 +27,7 @@ import torch
 
 from kernels.contract import visible_mask
 from verify.case import Case
+from verify.errors import UsageError
 
 #: Normalized-error threshold per output (docs/error-model.md, "Thresholds").
 THRESHOLDS: Mapping[str, float] = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
@@ -65,7 +66,10 @@ def _gamma(n: torch.Tensor | float, unit: float) -> torch.Tensor:
     """``gamma_n = n u / (1 - n u)`` (Higham, Accuracy and Stability, Lemma 3.1); needs ``n u < 1``."""
     nu = torch.as_tensor(n, dtype=torch.float64) * unit
     if nu.numel() and float(nu.max()) >= 1.0:
-        raise ValueError(f"gamma_n needs n*u < 1, got n*u = {float(nu.max())}: the case is too long for the error model")
+        raise UsageError(
+            f"the error model needs n*u < 1 for its accumulation lengths n, got n*u = {float(nu.max())}: "
+            "use shorter sequences"
+        )
     return nu / (1 - nu)
 
 
@@ -86,7 +90,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
       + (u + 2 u_a) |dS_ij| + eta [j visible from i]``
     * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + eta [visible]) |dO_ic|
       + gamma_{N_j+G} sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta``
-    * (8) dQ            ``B^dQ_ic = scale sum_j B^dS_ij |K_jc| + gamma_{n_i+2} scale sum_j |dS_ij| |K_jc| + u |dQ_ic| + eta``
+    * (8) dQ            ``B^dQ_ic = scale sum_j B^dS_ij |K_jc| + gamma_{n_i+2} scale sum_j |dS_ij| |K_jc|
+      + u |dQ_ic| + eta``
     * (9) dK            ``B^dK_jc = scale sum_(h,i) B^dS_ij |Q_ic| + gamma_{N_j+G+2} scale sum_(h,i) |dS_ij| |Q_ic|
       + u |dK_jc| + eta``
     * (10) second order each bound is multiplied by ``1 + 4u``.
@@ -142,7 +147,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 logits = scale * (q_rows @ k[b, :, g].T)
                 logits_abs = logits.abs()
                 magnitude = scale * (q_rows.abs() @ k_abs.T)
-                row_max = torch.where(vis, logits_abs, torch.zeros_like(logits_abs)).amax(1, keepdim=True)
+                # M_i, with a zero column so that a row of seqlen_k = 0 keys has M_i = 0
+                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(1, keepdim=True)
                 p = torch.where(vis, torch.exp(logits - lse_rows[:, None]), torch.zeros_like(logits))
                 # (1)
                 delta = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f

@@ -20,11 +20,7 @@ import torch
 
 from verify import __version__
 from verify.case import CaseSpec
-from verify.errors import ReportError
 from verify.metrics import OutputComparison, decode_float, encode_float
-
-#: Version of the tolerance.json layout written by :meth:`RunResult.to_dict`.
-SCHEMA_VERSION = 1
 
 STATUSES = ("passed", "failed", "unsupported", "error")
 
@@ -114,38 +110,17 @@ class RunResult:
         """Number of cases per status."""
         return {status: sum(case.status == status for case in self.cases) for status in STATUSES}
 
-    @property
-    def passed(self) -> bool:
-        """No case failed or errored, and at least one case ran."""
-        counts = self.counts()
-        return counts["failed"] == counts["error"] == 0 and counts["passed"] > 0
-
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready record of the run (``tolerance.json`` wraps it, see :mod:`verify.report_json`)."""
         return {
-            "schema_version": SCHEMA_VERSION,
             "kernel": self.kernel,
             "device": self.device,
             "config": self.config,
             "environment": self.environment,
             "thresholds": self.thresholds,
-            "error_model": "docs/error-model.md",
             "summary": self.counts(),
             "cases": [case.to_dict() for case in self.cases],
         }
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> "RunResult":
-        version = record.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise ReportError(f"schema_version={version!r} is not {SCHEMA_VERSION}: the file was written by another release")
-        return cls(
-            kernel=record["kernel"],
-            device=record["device"],
-            cases=[CaseResult.from_dict(case) for case in record["cases"]],
-            config=dict(record.get("config", {})),
-            environment=dict(record.get("environment", {})),
-            thresholds={name: float(value) for name, value in record.get("thresholds", {}).items()},
-        )
 
 
 def environment(device: str) -> dict[str, Any]:

@@ -25,34 +25,37 @@ PASSES: tuple[str, ...] = ("forward", "backward_kv", "backward_dq")
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
+    """``use_tma``: load tiles through TMA tensor descriptors (Hopper, 16-bit, aligned) instead of pointers."""
+
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
 
-def _rows(entries: dict[tuple[str, str, int], tuple[int, int, int, int]]) -> dict[tuple[str, str, int], TileConfig]:
+def _rows(entries: dict[tuple[str, str, int], tuple]) -> dict[tuple[str, str, int], TileConfig]:
     return {key: TileConfig(*value) for key, value in entries.items()}
 
 
-#: (pass, precision, padded head dim) -> (block_m, block_n, num_warps, num_stages).
+#: (pass, precision, padded head dim) -> (block_m, block_n, num_warps, num_stages[, use_tma]).
 _SM90 = _rows(
     {
-        ("forward", "16bit", 32): (128, 128, 8, 3),
-        ("forward", "16bit", 64): (128, 128, 8, 3),
-        ("forward", "16bit", 128): (128, 128, 8, 2),
-        ("forward", "16bit", 256): (128, 64, 8, 2),
-        ("backward_kv", "16bit", 32): (64, 128, 8, 2),
-        ("backward_kv", "16bit", 64): (64, 128, 8, 2),
-        ("backward_kv", "16bit", 128): (64, 128, 8, 2),
-        ("backward_kv", "16bit", 256): (64, 64, 8, 2),
-        ("backward_dq", "16bit", 32): (128, 64, 8, 2),
-        ("backward_dq", "16bit", 64): (128, 64, 8, 2),
-        ("backward_dq", "16bit", 128): (128, 64, 8, 2),
-        ("backward_dq", "16bit", 256): (64, 64, 8, 2),
+        ("forward", "16bit", 32): (128, 64, 8, 3),
+        ("forward", "16bit", 64): (128, 64, 8, 3),
+        ("forward", "16bit", 128): (128, 128, 8, 3),
+        ("forward", "16bit", 256): (64, 64, 4, 2),
+        ("backward_kv", "16bit", 32): (32, 128, 4, 3, True),
+        ("backward_kv", "16bit", 64): (32, 128, 4, 3, True),
+        ("backward_kv", "16bit", 128): (64, 128, 8, 3),
+        ("backward_kv", "16bit", 256): (32, 64, 8, 2),
+        ("backward_dq", "16bit", 32): (128, 64, 8, 3),
+        ("backward_dq", "16bit", 64): (128, 64, 8, 3),
+        ("backward_dq", "16bit", 128): (128, 64, 8, 3),
+        ("backward_dq", "16bit", 256): (64, 32, 4, 2),
         ("forward", "float32", 32): (64, 64, 4, 2),
         ("forward", "float32", 64): (64, 64, 4, 2),
         ("forward", "float32", 128): (64, 32, 4, 2),
@@ -65,6 +68,13 @@ _SM90 = _rows(
         ("backward_dq", "float32", 64): (64, 32, 4, 1),
         ("backward_dq", "float32", 128): (32, 32, 4, 1),
         ("backward_dq", "float32", 256): (32, 16, 4, 1),
+    }
+)
+
+#: Rows for short sequences (max(seqlen_q, seqlen_k) <= SHORT_SEQLEN) where they differ.
+_SM90_SHORT = _rows(
+    {
+        ("forward", "16bit", 128): (128, 64, 8, 3),
     }
 )
 
@@ -98,6 +108,11 @@ TABLES: dict[str, dict[tuple[str, str, int], TileConfig]] = {
     "cuda": _GENERIC_CUDA,
     "interpreter": _INTERPRETER,
 }
+SHORT_TABLES: dict[str, dict[tuple[str, str, int], TileConfig]] = {"sm90": _SM90_SHORT}
+
+#: Sequences up to this length use the short-sequence rows: their few key tiles per program
+#: favour smaller tiles than long sequences do.
+SHORT_SEQLEN = 2048
 
 _lock = threading.Lock()
 _recorded: dict[str, dict[str, Any]] = {}
@@ -115,8 +130,16 @@ def precision_of(dtype: torch.dtype) -> str:
     return "float32" if dtype == torch.float32 else "16bit"
 
 
-def select(target: str, pass_name: str, dtype: torch.dtype, block_d: int) -> TileConfig:
-    return TABLES[target][(pass_name, precision_of(dtype), block_d)]
+def bucket(seqlen: int) -> str:
+    """``short`` or ``long``: which rows a (maximum) sequence length uses."""
+    return "short" if seqlen <= SHORT_SEQLEN else "long"
+
+
+def select(target: str, pass_name: str, dtype: torch.dtype, block_d: int, seqlen: int) -> TileConfig:
+    key = (pass_name, precision_of(dtype), block_d)
+    if bucket(seqlen) == "short" and key in SHORT_TABLES.get(target, {}):
+        return SHORT_TABLES[target][key]
+    return TABLES[target][key]
 
 
 def record(call: str, entry: dict[str, Any]) -> None:

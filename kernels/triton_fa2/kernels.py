@@ -100,10 +100,12 @@ def _tile_ranges(first, last, extent, lower_offset, upper_offset,
 
 @triton.jit
 def _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right,
-             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
-    """Bool tile: query ``rows[:, None]`` sees key ``cols[None, :]``."""
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Bool tile: query ``rows[:, None]`` sees key ``cols[None, :]`` (rows past the end only when CHECK_ROWS)."""
     diagonal = rows[:, None] + shift
-    visible = (cols[None, :] < seqlen_k) & (rows[:, None] < seqlen_q)
+    visible = cols[None, :] < seqlen_k
+    if CHECK_ROWS:
+        visible = visible & (rows[:, None] < seqlen_q)
     if HAS_LEFT:
         visible = visible & (cols[None, :] >= diagonal - left)
     if HAS_RIGHT:
@@ -141,25 +143,49 @@ def _load_tile(base, rows, stride_row, offs_d, extent,
     return tile
 
 
+@triton.jit
+def _source(base, extent, stride_row,
+            HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Where (rows, head_dim) tiles come from: a TMA tensor descriptor bounded by
+    (extent, HEAD_DIM), which zero-fills what lies outside, or the base pointer."""
+    if USE_TMA:
+        source = tl.make_tensor_descriptor(base, shape=[tl.maximum(extent, 1), HEAD_DIM], strides=[stride_row, 1],
+                                           block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        source = base
+    return source
+
+
+@triton.jit
+def _tile(source, start, rows, stride_row, offs_d, extent,
+          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows ``start + arange`` of a :func:`_source` (the rows are ``rows`` for pointer loads)."""
+    if USE_TMA:
+        tile = source.load([start, 0])
+    else:
+        tile = _load_tile(source, rows, stride_row, offs_d, extent, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
+
+
 # --------------------------------------------------------------------------- forward
 
 
 @triton.jit
-def _forward_tiles(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+def _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
                    rows, offs_n, offs_d, start, end,
                    seqlen_q, seqlen_k, shift, left, right, qk_scale,
                    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                    MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+                   DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """Algorithm 1, lines 6-10, over key tiles ``[start, end)``."""
     for n0 in tl.range(start, end, BLOCK_N):
         cols = n0 + offs_n
         # Stage 1: scores s = q k^T (fp32 accumulate).
-        k = _load_tile(k_base, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        k = _tile(k_src, n0, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         # Stage 2: online softmax in the log2 domain.
         if MASKED:
-            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT)
+            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT, False)
             s = tl.where(visible, s * qk_scale, NEG_INF)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet
@@ -171,7 +197,7 @@ def _forward_tiles(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         # Stage 3: rescale the accumulator and add p v.
-        v = _load_tile(v_base, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        v = _tile(v_src, n0, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         acc = acc * alpha[:, None]
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
         m_i = m_new
@@ -193,6 +219,7 @@ def forward_kernel(
     # compile-time constants
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """out, lse for one (query tile, head, batch); grid (tiles, heads_q, batch)."""
     pid_m = tl.program_id(0)
@@ -222,19 +249,22 @@ def forward_kernel(
     lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right,
                                           HAS_LEFT, HAS_RIGHT, BLOCK_N)
 
-    q = _load_tile(q_base, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True)
+    q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    k_src = _source(k_base, sk, stride_ks, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    v_src = _source(v_base, sk, stride_vs, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    q = _tile(q_src, m0, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
     m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
                                    rows, offs_n, offs_d, lo, mid_lo, sq, sk, shift, left, right, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
-    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
                                    rows, offs_n, offs_d, mid_lo, mid_hi, sq, sk, shift, left, right, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
-    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_base, v_base, stride_ks, stride_vs,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
                                    rows, offs_n, offs_d, mid_hi, hi, sq, sk, shift, left, right, qk_scale,
-                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
 
     # Stage 4: deferred normalisation; rows that saw no key give 0 and lse = +inf.
     seen = l_i > 0.0
@@ -242,9 +272,13 @@ def forward_kernel(
     inv_l = tl.where(seen, 1.0 / l_safe, 0.0)
     out = acc * inv_l[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, POS_INF)
-    o_ptrs = (Out + b.to(tl.int64) * stride_ob + (q_start + rows)[:, None].to(tl.int64) * stride_os
-              + h.to(tl.int64) * stride_oh + offs_d[None, :])
-    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
+    o_base = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+    if USE_TMA:
+        o_src = _source(o_base, sq, stride_os, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        o_src.store([m0, 0], out.to(Out.dtype.element_ty))
+    else:
+        o_ptrs = o_base + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
     l_ptrs = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
     tl.store(l_ptrs, lse, mask=rows < sq)
 
@@ -279,18 +313,18 @@ def backward_preprocess_kernel(
 
 
 @triton.jit
-def _backward_kv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+def _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
                        stride_qs, stride_dos, stride_dqs,
                        cols, offs_m, offs_d, start, end,
                        seqlen_q, seqlen_k, shift, left, right, qk_scale, softmax_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                       ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                       ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """Algorithm 2, lines 8-21, for one key tile over query tiles ``[start, end)``."""
     for m0 in tl.range(start, end, BLOCK_M):
         rows = m0 + offs_m
         # Stage 1: recompute p^T from the stored LSE (log2 domain).
-        q = _load_tile(q_base, rows, stride_qs, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED)
+        q = _tile(q_src, m0, rows, stride_qs, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         if MASKED:
             lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=POS_INF) * LOG2E
         else:
@@ -298,10 +332,11 @@ def _backward_kv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_b
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            visible_t = tl.trans(_visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT))
+            visible_t = tl.trans(_visible(rows, cols, seqlen_q, seqlen_k, shift, left, right,
+                                          HAS_LEFT, HAS_RIGHT, True))
             p_t = tl.where(visible_t, p_t, 0.0)
         # Stage 2: dv += p^T dO.
-        dout = _load_tile(do_base, rows, stride_dos, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED)
+        dout = _tile(do_src, m0, rows, stride_dos, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         dv = tl.dot(p_t.to(dout.dtype), dout, dv, input_precision=DOT_PRECISION)
         # Stage 3: ds^T = p^T (dp^T - delta), dk += ds^T q.
         if MASKED:
@@ -343,7 +378,7 @@ def backward_kv_kernel(
     # compile-time constants
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     """dk, dv (and atomic dq) for one (key tile, kv head, batch); grid (tiles, heads_kv, batch)."""
     pid_n = tl.program_id(0)
@@ -382,18 +417,23 @@ def backward_kv_kernel(
         dq_base = DQacc + b.to(tl.int64) * stride_dqb + q_start.to(tl.int64) * stride_dqs + h.to(tl.int64) * stride_dqh
         lse_base = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
         delta_base = Delta + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
-        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+        q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
                                     stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, lo, mid_lo,
                                     sq, sk, shift, left, right, qk_scale, softmax_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION)
-        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
                                     stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, mid_lo, mid_hi,
                                     sq, sk, shift, left, right, qk_scale, softmax_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION)
-        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_base, do_base, lse_base, delta_base, dq_base,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
                                     stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, mid_hi, hi,
                                     sq, sk, shift, left, right, qk_scale, softmax_scale,
-                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION)
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
 
     # Stage 5: write dk (scaled) and dv.
     store_mask = (cols[:, None] < sk) & (offs_d[None, :] < HEAD_DIM)
@@ -406,21 +446,21 @@ def backward_kv_kernel(
 
 
 @triton.jit
-def _backward_dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, stride_ks, stride_vs,
+def _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs,
                        rows, offs_n, offs_d, start, end,
                        seqlen_q, seqlen_k, shift, left, right, qk_scale,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
-                       DOT_PRECISION: tl.constexpr):
+                       DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
     """dq += ds k over key tiles ``[start, end)`` in ascending order (deterministic)."""
     for n0 in tl.range(start, end, BLOCK_N):
         cols = n0 + offs_n
-        k = _load_tile(k_base, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
-        v = _load_tile(v_base, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED)
+        k = _tile(k_src, n0, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _tile(v_src, n0, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT)
+            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT, False)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
         ds = (p * (dp - delta[:, None])).to(k.dtype)
@@ -444,6 +484,7 @@ def backward_dq_kernel(
     # compile-time constants
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     """dq for one (query tile, head, batch), no atomics; grid (tiles, heads_q, batch)."""
     pid_m = tl.program_id(0)
@@ -471,8 +512,12 @@ def backward_dq_kernel(
     lse_row = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
     delta_row = Delta + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
 
-    q = _load_tile(q_base, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True)
-    dout = _load_tile(do_base, rows, stride_dos, offs_d, sq, HEAD_DIM, BLOCK_D, True)
+    q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    k_src = _source(k_base, sk, stride_ks, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    v_src = _source(v_base, sk, stride_vs, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    q = _tile(q_src, m0, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    dout = _tile(do_src, m0, rows, stride_dos, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
     lse2 = tl.load(lse_row, mask=rows < sq, other=POS_INF) * LOG2E
     delta = tl.load(delta_row, mask=rows < sq, other=0.0)
 
@@ -480,15 +525,15 @@ def backward_dq_kernel(
     lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right,
                                           HAS_LEFT, HAS_RIGHT, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, offs_n, offs_d,
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
                             lo, mid_lo, sq, sk, shift, left, right, qk_scale,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
-    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, offs_n, offs_d,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
                             mid_lo, mid_hi, sq, sk, shift, left, right, qk_scale,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
-    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_base, v_base, stride_ks, stride_vs, rows, offs_n, offs_d,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
                             mid_hi, hi, sq, sk, shift, left, right, qk_scale,
-                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION)
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
 
     dq_ptrs = (DQ + b.to(tl.int64) * stride_dqb + (q_start + rows)[:, None].to(tl.int64) * stride_dqs
                + h.to(tl.int64) * stride_dqh + offs_d[None, :])

@@ -52,7 +52,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _tiles(problem: Problem, passes: tuple[str, ...], override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
     target = configs.target_for(problem.device, kernels.INTERPRET)
-    chosen = {name: configs.select(target, name, problem.dtype, problem.block_d) for name in passes}
+    seqlen = max(problem.seqlen_q, problem.seqlen_k)
+    chosen = {name: configs.select(target, name, problem.dtype, problem.block_d, seqlen) for name in passes}
     if override:
         chosen.update({name: tile for name, tile in override.items() if name in passes})
     return chosen
@@ -71,11 +72,35 @@ def _mask_flags(problem: Problem) -> dict[str, bool]:
     return {"HAS_LEFT": problem.left >= 0, "HAS_RIGHT": problem.right >= 0}
 
 
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global memory Triton writes in-kernel TMA descriptors to (``triton.set_allocator``)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _use_tma(tile: TileConfig, problem: Problem, tensors: tuple[torch.Tensor, ...]) -> bool:
+    """TMA when the tile asks for it and the hardware and layouts allow it: a Hopper-or-later
+    GPU, 16-bit data, 16-byte aligned base pointers and (batch, sequence, head) strides."""
+    if not tile.use_tma or kernels.INTERPRET or problem.device.type != "cuda":
+        return False
+    if problem.dtype == torch.float32 or torch.cuda.get_device_capability(problem.device)[0] < 9:
+        return False
+    size = problem.dtype.itemsize
+    for tensor in tensors:
+        if tensor.data_ptr() % 16 or any(stride * size % 16 for stride in _strides(tensor, problem.varlen)):
+            return False
+    if problem.head_dim * size % 16:
+        return False
+    triton.set_allocator(_descriptor_scratch)
+    return True
+
+
 # --------------------------------------------------------------------------- forward
 
 
-def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig]) -> None:
+def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig]) -> bool:
+    """Launch the forward; returns whether it used TMA."""
     tile = tiles["forward"]
+    use_tma = _use_tma(tile, problem, (q, k, v, out))
     total_q = q.shape[0]
     stride_lb, stride_lh = _lse_strides(problem, total_q)
     grid = (triton.cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
@@ -85,9 +110,10 @@ def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig
         *_strides(out, problem.varlen), stride_lb, stride_lh,
         problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, problem.left, problem.right,
         HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.dtype), **_mask_flags(problem),
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.dtype), USE_TMA=use_tma,
+        **_mask_flags(problem), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
+    return use_tma
 
 
 def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles=None):
@@ -97,14 +123,13 @@ def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
     chosen = _tiles(problem, ("forward",), tiles)
-    _record(problem, "forward", chosen)
     if out.numel() == 0:
         return out, lse
     if problem.seqlen_k == 0:
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _forward(problem, q, k, v, out, lse, chosen)
+    _record(problem, "forward", chosen, use_tma=_forward(problem, q, k, v, out, lse, chosen))
     return out, lse
 
 
@@ -117,14 +142,13 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((problem.heads_q, q.shape[0]), dtype=torch.float32, device=q.device)
     chosen = _tiles(problem, ("forward",), tiles)
-    _record(problem, "forward_varlen", chosen)
     if out.numel() == 0 or problem.seqlen_q == 0:
         return out, lse
     if k.shape[0] == 0:
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _forward(problem, q, k, v, out, lse, chosen)
+    _record(problem, "forward_varlen", chosen, use_tma=_forward(problem, q, k, v, out, lse, chosen))
     return out, lse
 
 
@@ -132,7 +156,8 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 
 
 def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, deterministic: bool,
-              tiles: Mapping[str, TileConfig]) -> None:
+              tiles: Mapping[str, TileConfig]) -> dict[str, bool]:
+    """Launch the backward passes; returns which of them used TMA."""
     varlen = problem.varlen
     total_q = q.shape[0]
     stride_lb, stride_lh = _lse_strides(problem, total_q)
@@ -149,24 +174,27 @@ def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, determinist
                problem.softmax_scale, problem.left, problem.right)
     dq_target = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv_tile = tiles["backward_kv"]
+    used = {"backward_kv": _use_tma(kv_tile, problem, (q, dout))}
     kernels.backward_kv_kernel[(triton.cdiv(problem.seqlen_k, kv_tile.block_n), problem.heads_kv, problem.batch)](
         q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
         *_strides(dq_target, varlen), *_strides(dk, varlen), *_strides(dv, varlen), stride_lb, stride_lh,
-        *scalars, BLOCK_M=kv_tile.block_m, BLOCK_N=kv_tile.block_n, ATOMIC_DQ=not deterministic, **common,
-        num_warps=kv_tile.num_warps, num_stages=kv_tile.num_stages,
+        *scalars, BLOCK_M=kv_tile.block_m, BLOCK_N=kv_tile.block_n, ATOMIC_DQ=not deterministic,
+        USE_TMA=used["backward_kv"], **common, num_warps=kv_tile.num_warps, num_stages=kv_tile.num_stages,
     )
     if deterministic:
         dq_tile = tiles["backward_dq"]
+        used["backward_dq"] = _use_tma(dq_tile, problem, (q, dout, k, v))
         kernels.backward_dq_kernel[(triton.cdiv(problem.seqlen_q, dq_tile.block_m), problem.heads_q, problem.batch)](
             q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
             *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
             *_strides(dq, varlen), stride_lb, stride_lh,
-            *scalars, BLOCK_M=dq_tile.block_m, BLOCK_N=dq_tile.block_n, **common,
+            *scalars, BLOCK_M=dq_tile.block_m, BLOCK_N=dq_tile.block_n, USE_TMA=used["backward_dq"], **common,
             num_warps=dq_tile.num_warps, num_stages=dq_tile.num_stages,
         )
     else:
         dq.copy_(dq_target)
+    return used
 
 
 def _backward_passes(deterministic: bool) -> tuple[str, ...]:
@@ -189,12 +217,12 @@ def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_siz
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     chosen = _tiles(problem, _backward_passes(deterministic), tiles)
-    _record(problem, "backward", chosen, deterministic=bool(deterministic))
     if problem.seqlen_q == 0 or problem.seqlen_k == 0 or problem.batch == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return dq, dk, dv
-    _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    _record(problem, "backward", chosen, deterministic=bool(deterministic), use_tma=used)
     return dq, dk, dv
 
 
@@ -210,10 +238,10 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     chosen = _tiles(problem, _backward_passes(deterministic), tiles)
-    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic))
     if q.shape[0] == 0 or k.shape[0] == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return dq, dk, dv
-    _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic), use_tma=used)
     return dq, dk, dv

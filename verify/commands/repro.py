@@ -30,7 +30,9 @@ def parse_case(text: str) -> CaseSpec:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec") from None
+        raise UsageError(
+            f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
+        ) from None
     if not isinstance(record, dict):
         raise UsageError(f"--case must be a JSON object, got {type(record).__name__}: pass a failure's case spec")
     try:
@@ -65,7 +67,9 @@ def handle(args) -> int:
     spec = parse_case(args.case)
     result = check_case(kernel, make_case(spec, args.device))
     if result.status == "unsupported":
-        raise UnsupportedCase(f"--kernel={args.kernel} does not support this case on --device={args.device}: {result.reason}")
+        raise UnsupportedCase(
+            f"--kernel={args.kernel} does not support this case on --device={args.device}: {result.reason}"
+        )
     print(format_table([result]))
     print()
     print("\n".join(_details(result)))

@@ -4,26 +4,26 @@ Runs :data:`verify.fixed_cases.FIXED_CASES` (forward and backward) through
 the kernel on ``--device``, compares every output with the golden
 (:func:`verify.check.check_case`), prints one table (case, output, dtype,
 p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
-description for each failing output, and writes ``DIR/tolerance.json`` when
-``--report DIR`` is given.  Exit status: 0 when every supported case passed,
-1 when a case failed or the kernel raised, 2 (one line on stderr) for bad
-arguments, an unknown kernel, a missing device, an existing report without
-``--overwrite``, or when no case of the set is supported (nothing verified).
+description for each failing output, and writes ``DIR/tolerance.json``
+(:mod:`verify.report_json`) when ``--report DIR`` is given.  Exit status: 0
+when every supported case passed, 1 when a case failed or the kernel raised,
+2 (one line on stderr) for bad arguments, an unknown kernel, a missing
+device, an existing report without ``--overwrite``, or when no case of the
+set is supported (nothing verified).
 """
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import torch
 
-from verify.atomic import write_text_atomic
 from verify.check import run_cases
 from verify.errors import DeviceUnavailable, ReportError, UsageError
 from verify.fixed_cases import FIXED_CASES
 from verify.metrics import describe_failure
 from verify.registry import LoadedKernel, load_kernel, require_device
+from verify.report_json import collect_environment, write_tolerance_report
 from verify.results import CaseResult, RunResult
 
 REPORT_NAME = "tolerance.json"
@@ -127,8 +127,8 @@ def handle(args) -> int:
     print()
     print(summary(run))
     if report is not None:
-        text = json.dumps(run.to_dict(), indent=2, allow_nan=False) + "\n"
-        print(f"wrote {write_text_atomic(report, text, overwrite=args.overwrite)}")
+        environment = collect_environment(kernel, args.device)
+        print(f"wrote {write_tolerance_report(report, run, environment=environment, overwrite=args.overwrite)}")
     counts = run.counts()
     if counts["failed"] or counts["error"]:
         return 1

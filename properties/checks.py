@@ -1,0 +1,287 @@
+"""The checks behind the property tests: run the kernel on a case, decide, explain.
+
+Each check takes the :class:`~properties.session.Suite` and a drawn case,
+returns a :class:`~properties.harness.Verdict`, reports its score to
+``hypothesis.target`` (so the search climbs toward the worst inputs) and to
+:meth:`Suite.observe` (so the run reports the worst case found), and attaches
+the one-line reproduction with ``hypothesis.note``.  Failure messages go
+through :func:`verify.metrics.describe_failure` (STYLE rule 5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from hypothesis import note, target
+
+import golden
+from properties import relations
+from properties.determinism import config_block_k, dq_spread_bound
+from properties.harness import Verdict
+from properties.runs import KernelFailure, Outputs, run
+from properties.session import Suite
+from verify import error_model
+from verify.case import Case, CaseSpec, make_case
+from verify.check import check_case
+from verify.metrics import OutputComparison, describe_failure
+from verify.results import CaseResult
+
+GRADIENTS = ("dq", "dk", "dv")
+
+
+def _score(suite: Suite, label: str, spec: CaseSpec, score: float) -> None:
+    suite.observe(label, score, spec)
+    if math.isfinite(score):
+        target(score, label=label)
+
+
+def _introduce(suite: Suite, spec: CaseSpec) -> None:
+    note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
+
+
+def _failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> Verdict:
+    suite.observe(label, math.inf, spec)
+    result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
+    return Verdict(False, describe_failure(result))
+
+
+# Against the golden ----------------------------------------------------------
+
+
+def against_golden(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
+    """``output`` of the kernel within ``THRESHOLDS[output] * B`` of the golden, elementwise."""
+    _introduce(suite, spec)
+    label = f"{output} normalized error"
+    result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
+    comparison = result.comparisons.get(output)
+    if comparison is None:
+        return _failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
+    _score(suite, label, spec, comparison.normalized.quantiles["max"])
+    return Verdict(comparison.passed, "" if comparison.passed else describe_failure(result, output))
+
+
+def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> Verdict:
+    """No output is NaN or Inf where the golden is finite (which includes elements left unwritten)."""
+    _introduce(suite, spec)
+    label = "non-finite elements"
+    result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
+    if not result.comparisons:
+        return _failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
+    counts = {name: comparison.nonfinite for name, comparison in result.comparisons.items()}
+    suite.observe(label, float(sum(counts.values())), spec)
+    bad = [name for name, count in counts.items() if count]
+    return Verdict(not bad, describe_failure(result, bad[0]) if bad else "")
+
+
+# Kernel against kernel -------------------------------------------------------
+
+
+def _bounds(suite: Suite, case: Case) -> dict[str, torch.Tensor]:
+    """First-order bounds for ``case`` (docs/error-model.md), from the golden."""
+    return error_model.first_order_bounds(case, _golden(suite, case))
+
+
+def _golden(suite: Suite, case: Case) -> Any:
+    spec = case.spec
+    return golden.compute(
+        case.q,
+        case.k,
+        case.v,
+        case.dout if spec.backward else None,
+        softmax_scale=spec.scale,
+        causal=spec.causal,
+        window_size=spec.window_size,
+        options=suite.golden_options,
+    )
+
+
+def _relation(suite: Suite, spec: CaseSpec, statement: str, comparison: OutputComparison) -> Verdict:
+    label = f"{statement} [{comparison.output}]"
+    _score(suite, label, spec, comparison.normalized.quantiles["max"])
+    if comparison.passed:
+        return Verdict(True)
+    result = CaseResult(
+        spec=spec, kernel=suite.kernel.name, device=suite.device, status="failed", comparisons={comparison.output: comparison}
+    )
+    return Verdict(
+        False,
+        f"relation {statement} does not hold for {comparison.output} ('expected' is the related run):\n"
+        + describe_failure(result, comparison.output),
+    )
+
+
+def _first_failure(verdicts: list[Verdict]) -> Verdict:
+    return next((verdict for verdict in verdicts if not verdict.passed), Verdict(True))
+
+
+def _runs(suite: Suite, spec: CaseSpec, statement: str, *cases: Case, backward: bool | None = None) -> list[Outputs] | Verdict:
+    try:
+        return [run(suite.kernel, case, backward=backward) for case in cases]
+    except KernelFailure as failure:
+        return _failed_run(suite, spec, statement, str(failure))
+
+
+def keys_permuted(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
+    """``output(Q, PK, PV) = output(Q, K, V)`` for an unmasked case and a key permutation P."""
+    statement = "out(q, k[perm], v[perm]) = out(q, k, v)" if output == "out" else f"{output} under key permutation"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    permuted, _ = relations.permute_keys(case)
+    runs = _runs(suite, spec, statement, case, permuted, backward=False)
+    if isinstance(runs, Verdict):
+        return runs
+    tolerance = 2 * _bounds(suite, case)[output]
+    comparison = relations.compare_runs(output, runs[0][output], runs[1][output], tolerance, threshold=error_model.THRESHOLDS[output])
+    return _relation(suite, spec, statement, comparison)
+
+
+def scores_shifted(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
+    """``O(S + t) = O(S)`` and ``LSE(S + t) = LSE(S) + t`` for a per-row shift ``t``."""
+    statement = "out(S + t) = out(S)" if output == "out" else "lse(S + t) = lse(S) + t"
+    _introduce(suite, spec)
+    base, shifted, shift = relations.shift_scores(make_case(spec, suite.device))
+    runs = _runs(suite, spec, statement, base, shifted, backward=False)
+    if isinstance(runs, Verdict):
+        return runs
+    tolerance = _bounds(suite, base)[output] + _bounds(suite, shifted)[output]
+    first = runs[0][output]
+    if output == "lse":
+        first = first.to("cpu", torch.float64) + shift
+    comparison = relations.compare_runs(output, first, runs[1][output], tolerance, threshold=error_model.THRESHOLDS[output])
+    return _relation(suite, spec, statement, comparison)
+
+
+def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head: int | None = None) -> Verdict:
+    """``out[b]`` (or query head ``h``) unchanged when every other batch element (every other head) changes."""
+    axis = f"batch {batch}" if batch is not None else f"query head {head}"
+    statement = f"out of {axis} is independent of the other inputs"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    other = make_case(dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32), suite.device)
+    mixed = relations.replace_except(case, other, batch=batch, head=head)
+    runs = _runs(suite, spec, statement, case, mixed, backward=False)
+    if isinstance(runs, Verdict):
+        return runs
+    kept = (slice(batch, batch + 1), slice(None), slice(None)) if batch is not None else (slice(None), slice(None), slice(head, head + 1))
+    tolerance = 2 * _bounds(suite, case)["out"][kept]
+    comparison = relations.compare_runs(
+        "out", runs[0].out[kept], runs[1].out[kept], tolerance, threshold=error_model.THRESHOLDS["out"]
+    )
+    return _relation(suite, spec, statement, comparison)
+
+
+def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> Verdict:
+    """GQA equals MHA with K, V repeated over each group: same out; dk, dv are the group sums of MHA's."""
+    statement = "gqa(q, k, v) = mha(q, repeat(k), repeat(v))"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    mha = relations.repeat_kv(case)
+    runs = _runs(suite, spec, statement, case, mha)
+    if isinstance(runs, Verdict):
+        return runs
+    group = spec.heads_q // spec.heads_kv
+    gqa_bounds, mha_bounds = _bounds(suite, case), _bounds(suite, mha)
+    verdicts = []
+    for output in outputs:
+        second, tolerance = runs[1][output], gqa_bounds[output] + mha_bounds[output]
+        if output in ("dk", "dv"):
+            second = relations.group_sum(second.to(torch.float64), group).to(second.dtype)
+            tolerance = gqa_bounds[output] + relations.group_sum(mha_bounds[output], group)
+            tolerance = tolerance + torch.finfo(spec.torch_dtype).eps * relations.group_sum(runs[1][output].abs().to("cpu", torch.float64), group)
+        comparison = relations.compare_runs(output, runs[0][output], second, tolerance, threshold=error_model.THRESHOLDS[output])
+        verdicts.append(_relation(suite, spec, statement, comparison))
+    return _first_failure(verdicts)
+
+
+def causal_as_window(suite: Suite, spec: CaseSpec) -> Verdict:
+    """``causal=True, window=(left, w)`` equals ``causal=False, window=(left, 0)``."""
+    left = spec.window_size[0]
+    statement = f"out(causal, window=({left}, *)) = out(window=({left}, 0))"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    windowed = dataclasses.replace(case, spec=dataclasses.replace(spec, causal=False, window_size=(left, 0)))
+    runs = _runs(suite, spec, statement, case, windowed, backward=False)
+    if isinstance(runs, Verdict):
+        return runs
+    tolerance = 2 * _bounds(suite, case)["out"]
+    comparison = relations.compare_runs("out", runs[0].out, runs[1].out, tolerance, threshold=error_model.THRESHOLDS["out"])
+    return _relation(suite, spec, statement, comparison)
+
+
+def causal_prefix(suite: Suite, spec: CaseSpec, rows: int) -> Verdict:
+    """The first ``rows`` rows of a causal output from the first queries and keys alone equal the full call's."""
+    statement = f"out(q[:{rows}], k[:{rows}+sk-sq], v[:{rows}+sk-sq]) = out(q, k, v)[:{rows}]"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    prefix = relations.causal_prefix(case, rows)
+    runs = _runs(suite, spec, statement, case, prefix, backward=False)
+    if isinstance(runs, Verdict):
+        return runs
+    tolerance = 2 * _bounds(suite, case)["out"][:, :rows]
+    comparison = relations.compare_runs(
+        "out", runs[0].out[:, :rows], runs[1].out, tolerance, threshold=error_model.THRESHOLDS["out"]
+    )
+    return _relation(suite, spec, statement, comparison)
+
+
+def layout_invariant(suite: Suite, spec: CaseSpec, layout: str) -> Verdict:
+    """Every output is the same when q, k, v and dout are non-contiguous views (``layout``) of the same values."""
+    statement = f"outputs({layout} inputs) = outputs(contiguous inputs)"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    runs = _runs(suite, spec, statement, case, relations.in_layout(case, layout))
+    if isinstance(runs, Verdict):
+        return runs
+    bounds = _bounds(suite, case)
+    names = ("out", "lse", *GRADIENTS) if spec.backward else ("out", "lse")
+    return _first_failure(
+        [
+            _relation(
+                suite,
+                spec,
+                statement,
+                relations.compare_runs(name, runs[0][name], runs[1][name], 2 * bounds[name], threshold=error_model.THRESHOLDS[name]),
+            )
+            for name in names
+        ]
+    )
+
+
+# Determinism -----------------------------------------------------------------
+
+
+def _bitwise(suite: Suite, spec: CaseSpec, statement: str, name: str, first: torch.Tensor, again: torch.Tensor) -> Verdict:
+    """Bitwise equality as a comparison with tolerance 1 and threshold 0: any difference mismatches."""
+    comparison = relations.compare_runs(name, first, again, torch.ones(first.shape, dtype=torch.float64), threshold=0.0)
+    return _relation(suite, spec, statement, comparison)
+
+
+def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats: int) -> Verdict:
+    """``outputs`` bitwise identical over ``1 + repeats`` calls on the same inputs."""
+    statement = f"{', '.join(outputs)} bitwise identical across calls"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    runs = _runs(suite, spec, statement, *([case] * (1 + repeats)))
+    if isinstance(runs, Verdict):
+        return runs
+    return _first_failure(
+        [_bitwise(suite, spec, statement, name, runs[0][name], again[name]) for again in runs[1:] for name in outputs]
+    )
+
+
+def dq_spread_bounded(suite: Suite, spec: CaseSpec, repeats: int) -> Verdict:
+    """``|dq_r - dq_0| <= spread bound`` (docs/error-model.md, "Determinism of atomic dQ") over repeated backward calls."""
+    statement = "dq run-to-run spread within the atomic-accumulation bound"
+    _introduce(suite, spec)
+    case = make_case(spec, suite.device)
+    runs = _runs(suite, spec, statement, *([case] * (1 + repeats)))
+    if isinstance(runs, Verdict):
+        return runs
+    dq_runs = [outputs.dq for outputs in runs]
+    bound = dq_spread_bound(case, _golden(suite, case), dq_runs, block_k=config_block_k(suite.kernel.config()))
+    return _first_failure(
+        [_relation(suite, spec, statement, relations.compare_runs("dq", dq_runs[0], dq, bound, threshold=1.0)) for dq in dq_runs[1:]]
+    )

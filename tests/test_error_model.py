@@ -1,0 +1,155 @@
+"""verify.error_model: the bounds of docs/error-model.md on closed-form cases, and what they catch.
+
+The deviations are applied to the golden's own answer, so each test isolates
+the bound from any kernel: the correctly rounded golden passes, a deviation
+from the table in docs/error-model.md ("Thresholds") fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+
+import pytest
+import torch
+
+import golden
+from verify.case import CaseSpec, make_case
+from verify.error_model import (
+    SECOND_ORDER_UNITS,
+    THRESHOLDS,
+    accumulation_unit,
+    first_order_bounds,
+    underflow_unit,
+    unit_roundoff,
+)
+from verify.metrics import compare
+
+SPEC = CaseSpec(
+    batch=1, seqlen_q=9, seqlen_k=13, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True, seed=5
+)
+
+
+def _golden(case, **masking):
+    spec = case.spec
+    masking = {"causal": spec.causal, "window_size": spec.window_size, **masking}
+    return golden.compute(case.q, case.k, case.v, case.dout, softmax_scale=spec.scale, **masking)
+
+
+def _normalized(name, actual, expected, bound) -> float:
+    return compare(name, actual, expected, bound, threshold=THRESHOLDS[name]).normalized.quantiles["max"]
+
+
+def test_units():
+    assert [unit_roundoff(d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] == [
+        2.0**-11, 2.0**-8, 2.0**-24, 2.0**-53,
+    ]
+    assert accumulation_unit(torch.bfloat16) == accumulation_unit(torch.float32) == 2.0**-24
+    assert accumulation_unit(torch.float64) == 2.0**-53
+    assert [underflow_unit(d) for d in (torch.float16, torch.bfloat16, torch.float32, torch.float64)] == [
+        2.0**-25, 2.0**-134, 2.0**-150, 2.0**-1074,
+    ]
+    assert set(THRESHOLDS.values()) == {1.0}
+
+
+def test_bounds_of_a_single_key_follow_equations_1_to_3_and_8():
+    """With one key P = 1, O = V, LSE = S and dS = 0: every sum in (1)-(3) and (8) has one term."""
+    spec = CaseSpec(batch=1, seqlen_q=3, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=16, dtype="bfloat16", seed=2)
+    case = make_case(spec, "cpu")
+    q, k, v, dout = (t.double() for t in (case.q, case.k, case.v, case.dout))
+    logits = spec.scale * (q[0, :, 0] @ k[0, 0, 0])
+    out = v.expand_as(q)
+    delta = (dout * out).sum(-1).transpose(1, 2)
+    result = types.SimpleNamespace(
+        out=out, lse=logits.reshape(1, 1, 3), delta=delta, dq=torch.zeros_like(q), dk=torch.zeros_like(k),
+        dv=dout.sum(1, keepdim=True), certified_bound={},
+    )
+    bounds = first_order_bounds(case, result)
+
+    u, u_a, eta, d = 2.0**-8, 2.0**-24, 2.0**-134, spec.head_dim
+    u_f = 4 * u_a
+    second_order = 1 + SECOND_ORDER_UNITS * u
+
+    def gamma(n):
+        return n * u_a / (1 - n * u_a)
+
+    magnitude = spec.scale * (q[0, :, 0].abs() @ k[0, 0, 0].abs())
+    logit_error = gamma(d + 2) * magnitude + 2 * u_a * logits.abs() + u_f  # (1) with M_i = |S_i0|
+    v_abs = v[0, 0, 0].abs()
+    expected_out = (
+        2 * u * v_abs + gamma(2) * 2 * v_abs + u_a * v_abs + logit_error[:, None] * 2 * v_abs + eta * (1 + v_abs)
+    ) * second_order  # (2)
+    torch.testing.assert_close(bounds["out"][0, :, 0], expected_out, rtol=1e-12, atol=0)
+    expected_lse = (logit_error + gamma(2) + u_f + 6 * u_a * logits.abs()) * second_order  # (3)
+    torch.testing.assert_close(bounds["lse"][0, 0], expected_lse, rtol=1e-12, atol=0)
+    out_error = bounds["out"][0, :, 0] / second_order
+    dout_abs = dout[0, :, 0].abs()
+    ds_error = gamma(d) * (dout_abs @ v_abs) + (dout_abs * out_error).sum(1) + gamma(d) * (dout_abs @ v_abs) + eta
+    expected_dq = (spec.scale * ds_error[:, None] * k[0, 0, 0].abs() + eta) * second_order  # (6), (8) with dS = 0
+    torch.testing.assert_close(bounds["dq"][0, :, 0], expected_dq, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_exact_zeros_have_the_underflow_bound_and_must_stay_zero(dtype):
+    """Rows that see no key (out, dq) and keys no query sees (dk, dv): bound = eta (1 + 4u) < smallest subnormal."""
+    spec = CaseSpec(batch=1, seqlen_q=6, seqlen_k=4, heads_q=1, heads_kv=1, head_dim=8, dtype=dtype, window_size=(0, 0))
+    case = make_case(spec, "cpu")
+    result = _golden(case)
+    bounds = first_order_bounds(case, result)
+    floor = underflow_unit(spec.torch_dtype) * (1 + SECOND_ORDER_UNITS * unit_roundoff(spec.torch_dtype))
+    # window (0, 0) with seqlen_q > seqlen_k: query i sees key i - 2, so rows 0, 1 see nothing
+    assert torch.equal(bounds["out"][0, :2], torch.full_like(bounds["out"][0, :2], floor))
+    assert torch.equal(bounds["dq"][0, :2], torch.full_like(bounds["dq"][0, :2], floor))
+    smallest = torch.finfo(spec.torch_dtype).smallest_normal * torch.finfo(spec.torch_dtype).eps
+    rounded = result.out.to(spec.torch_dtype)
+    assert compare("out", rounded, result.out, bounds["out"], threshold=1.0).passed
+    rounded[0, 0, 0, 0] = smallest
+    assert not compare("out", rounded, result.out, bounds["out"], threshold=1.0).passed
+
+    keys = dataclasses.replace(spec, seqlen_q=4, seqlen_k=6)  # key j is seen by query j - 2: keys 0, 1 unseen
+    case = make_case(keys, "cpu")
+    bounds = first_order_bounds(case, _golden(case))
+    for name in ("dk", "dv"):
+        assert torch.equal(bounds[name][0, :2], torch.full_like(bounds[name][0, :2], floor))
+
+
+def test_certified_golden_error_widens_the_bound():
+    case = make_case(SPEC, "cpu")
+    result = _golden(case)
+    widened = dataclasses.replace(result, certified_bound={**result.certified_bound, "out": 1e-3})
+    difference = first_order_bounds(case, widened)["out"] - first_order_bounds(case, result)["out"]
+    torch.testing.assert_close(difference, torch.full_like(difference, 1e-3 * float(result.out.abs().max())))
+
+
+@pytest.fixture(scope="module", params=["float16", "bfloat16", "float32"])
+def golden_case(request):
+    case = make_case(dataclasses.replace(SPEC, dtype=request.param), "cpu")
+    result = _golden(case)
+    return case, result, first_order_bounds(case, result)
+
+
+def test_correctly_rounded_golden_passes_with_margin(golden_case):
+    case, result, bounds = golden_case
+    for name in ("out", "dq", "dk", "dv"):
+        expected = getattr(result, name)
+        assert _normalized(name, expected.to(case.spec.torch_dtype), expected, bounds[name]) <= 0.5
+    assert _normalized("lse", result.lse.float(), result.lse, bounds["lse"]) <= 0.5
+
+
+def test_lse_in_base_2_fails(golden_case):
+    case, result, bounds = golden_case
+    assert _normalized("lse", (result.lse / math.log(2)).float(), result.lse, bounds["lse"]) > 1e4
+
+
+def test_causal_mask_shifted_by_one_fails(golden_case):
+    case, result, bounds = golden_case
+    shifted = _golden(case, causal=False, window_size=(-1, 1))
+    assert _normalized("out", shifted.out.to(case.spec.torch_dtype), result.out, bounds["out"]) > 10
+    assert _normalized("lse", shifted.lse.float(), result.lse, bounds["lse"]) > 1e3
+
+
+def test_dq_without_softmax_scale_fails(golden_case):
+    case, result, bounds = golden_case
+    unscaled = (result.dq / case.spec.scale).to(case.spec.torch_dtype)
+    assert _normalized("dq", unscaled, result.dq, bounds["dq"]) > 10

@@ -1,0 +1,241 @@
+"""The gate: margins, new failures, lost capabilities, fail-closed baselines, and end to end on the CPU.
+
+The end-to-end tests record a baseline of the ``reference`` kernel on a few
+corpus cases, gate it again (identical quantiles, no finding), and gate a
+degraded copy under the same name: :class:`DoubledOutError` returns
+``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` a float64 attention
+computed in the wrapper, so the error of ``out`` doubles while the kernel
+name, capabilities and other outputs' code stay the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from kernels.contract import Capabilities, visible_mask
+from verify import baseline as baselines
+from verify import cli, gate
+from verify.corpus import Corpus, load_corpus, save_corpus
+from verify.errors import BaselineError, UsageError
+from verify.registry import LoadedKernel, load_kernel
+from verify.report_markdown import render_gate
+
+from tests.test_report import synthetic_result, synthetic_run
+
+CAPABILITIES = Capabilities(dtypes={"cpu": ("float16", "float32")}, head_dims=(32, 64), deterministic_backward=True)
+
+
+class Synthetic:
+    """A stand-in target: only its capabilities matter to :func:`baselines.summarize`."""
+
+    def __init__(self, capabilities: Capabilities = CAPABILITIES):
+        self.capabilities = capabilities
+
+
+def summarize(*cases, capabilities: Capabilities = CAPABILITIES, repeats=None):
+    kernel = LoadedKernel(name="synthetic", target=Synthetic(capabilities))
+    corpus = Corpus(version=1, cases=tuple(case.spec for case in cases))
+    runs = [synthetic_run(*cases)] + [synthetic_run(*other) for other in (repeats or [])]
+    return baselines.summarize(kernel, corpus, runs, device="cpu", dtypes=("float16",), environment={})
+
+
+def cases(**out_scales):
+    """Three passing cases (two plain, one causal); ``out_scales`` multiplies a case's out error."""
+    return [
+        synthetic_result(name, seed=seed, causal=causal, scales={"out": 0.3 * out_scales.get(name, 1.0)})
+        for name, seed, causal in (("a", 1, False), ("b", 2, False), ("c", 3, True))
+    ]
+
+
+def test_same_run_passes_with_no_finding():
+    baseline = summarize(*cases())
+    result = gate.compare(baseline, summarize(*cases()))
+    assert result.passed and not result.notes
+
+
+def test_doubled_out_error_fails_naming_the_quantiles_and_the_rise():
+    result = gate.compare(summarize(*cases()), summarize(*cases(a=2.0, b=2.0, c=2.0)))
+    assert not result.passed
+    assert {finding.where for finding in result.regressions} == {"float16/out/none normalized", "float16/out/causal normalized"}
+    assert {note.where for note in result.notes} == {"float16/out/none ulp", "float16/out/causal ulp"}
+    text = gate.format_result(result, source="b.json")
+    assert "FAILED with 2 regression(s)" in text
+    assert "REGRESSION quantile-rise: float16/out/none normalized: p50 " in text and "(+100%, allowed +" in text
+    assert "note quantile-rise: float16/out/none ulp: " in text and "(reported, not gating)" in text
+
+
+def test_a_rise_within_the_margin_passes_and_a_fall_is_a_note():
+    assert gate.compare(summarize(*cases()), summarize(*cases(a=1.2, b=1.2, c=1.2))).passed
+    improved = gate.compare(summarize(*cases()), summarize(*cases(a=0.5, b=0.5, c=0.5)))
+    assert improved.passed and {note.kind for note in improved.notes} == {"improved"}
+
+
+def test_one_worse_case_raises_its_group_worst_case_quantiles():
+    result = gate.compare(summarize(*cases()), summarize(*cases(c=2.0)))
+    assert {finding.where for finding in result.regressions} == {"float16/out/causal normalized"}
+
+
+def test_per_output_margin_and_jitter_widen_the_allowance():
+    before, after = summarize(*cases()), summarize(*cases(a=2.0, b=2.0, c=2.0))
+    assert gate.compare(before, after, gate.Margins(outputs={"out": 1.5})).passed
+    jittery = summarize(*cases(), repeats=[cases(a=1.9, b=1.9, c=1.9)])
+    assert jittery.repeats == 2
+    assert jittery.groups[("float16", "out", "none")].jitter["normalized"]["max"] > 0
+    assert gate.compare(jittery, after).passed
+
+
+def test_a_newly_failing_case_and_a_new_error_fail():
+    failing = cases()
+    failing[1] = synthetic_result("b", seed=2, scales={"out": 0.3, "dq": 5.0})
+    result = gate.compare(summarize(*cases()), summarize(*failing))
+    assert "new-failure: case b: dq now mismatch(es) the golden (was passed)" in [f.explain() for f in result.regressions]
+    erroring = cases()
+    erroring[0] = synthetic_result("a", status="error", reason="synthetic.backward raised RuntimeError: boom")
+    result = gate.compare(summarize(*cases()), summarize(*erroring))
+    assert any(f.kind == "new-error" and "boom" in f.detail for f in result.regressions)
+
+
+def test_an_already_failing_case_is_not_new():
+    failing = cases()
+    failing[1] = synthetic_result("b", seed=2, scales={"out": 0.3, "dq": 5.0})
+    assert gate.compare(summarize(*failing), summarize(*failing)).passed
+
+
+def test_lost_capabilities_fail():
+    narrower = dataclasses.replace(CAPABILITIES, dtypes={"cpu": ("float32",)}, deterministic_backward=False)
+    result = gate.compare(summarize(*cases()), summarize(*cases(), capabilities=narrower))
+    assert {f.where for f in result.regressions} == {"capabilities.deterministic_backward", "capabilities.dtypes[cpu]"}
+    unsupported = cases()
+    unsupported[2] = synthetic_result("c", status="unsupported", reason="causal masks are not supported")
+    result = gate.compare(summarize(*cases()), summarize(*unsupported))
+    assert [f.explain() for f in result.regressions] == [
+        "capability-lost: case c: ran (passed) in the baseline, now unsupported: causal masks are not supported"
+    ]
+    assert not gate.compare(summarize(*unsupported), summarize(*cases())).regressions
+
+
+def test_markdown_of_a_failed_gate_lists_every_regression():
+    result = gate.compare(summarize(*cases()), summarize(*cases(a=2.0, b=2.0, c=2.0)))
+    markdown = render_gate(result)
+    assert markdown.startswith("## fa2-verify gate: `synthetic` on `cpu`: FAILED")
+    assert markdown.count("| quantile-rise |") == 2
+
+
+@pytest.mark.parametrize(
+    "margins, message",
+    [
+        pytest.param({"relative": -0.1}, "--relative-margin=-0.1", id="negative"),
+        pytest.param({"relative": float("nan")}, "--relative-margin=nan", id="nan"),
+        pytest.param({"floors": {"normalized": 0.01, "ulp": 0.5, "abs": 1.0}}, "unknown metric", id="metric"),
+        pytest.param({"floors": {"normalized": 0.01}}, "lack a floor for ulp", id="missing-floor"),
+        pytest.param({"outputs": {"o": 0.5}}, "unknown output", id="output"),
+        pytest.param({"outputs": {"dq": -1.0}}, "dq=-1.0 is not valid", id="output-negative"),
+    ],
+)
+def test_bad_margins(margins, message):
+    with pytest.raises(UsageError, match=message):
+        gate.Margins(**margins)
+
+
+def test_mismatched_baseline_fails_closed_naming_every_mismatch():
+    baseline = summarize(*cases())
+    corpus = Corpus(version=1, cases=tuple(case.spec for case in cases()))
+    gate.check_compatible(baseline, kernel="synthetic", device="cpu", corpus=corpus, dtypes=("float16",), source="b")
+    other = Corpus(version=2, cases=(dataclasses.replace(corpus.cases[0], seed=7), *corpus.cases[1:]))
+    with pytest.raises(BaselineError) as raised:
+        gate.check_compatible(baseline, kernel="triton", device="cpu", corpus=other, dtypes=("float16", "float32"), source="b")
+    message = str(raised.value)
+    for expected in ("kernel 'synthetic' != 'triton'", "corpus version 1 != 2", "corpus digest", "dtypes 'float16' != 'float16,float32'"):
+        assert expected in message
+
+
+class DoubledOutError:
+    """The reference kernel with the error of ``out`` doubled (module docstring); ``degrade`` switches it."""
+
+    def __init__(self):
+        self.reference = load_kernel("reference")
+        self.capabilities = self.reference.capabilities
+        self.degrade = False
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)):
+        out, lse = self.reference.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        if not self.degrade:
+            return out, lse
+        group = q.shape[2] // k.shape[2]
+        k64, v64 = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+        scores = torch.einsum("bihc,bjhc->bhij", q.double(), k64) * softmax_scale
+        visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size)
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+        expected = torch.einsum("bhij,bjhc->bihc", weights, v64)
+        return (expected + 2 * (out.double() - expected)).to(out.dtype), lse
+
+    def backward(self, *args, **kwargs):
+        return self.reference.backward(*args, **kwargs)
+
+
+DOUBLED_OUT_ERROR = DoubledOutError()
+
+#: A few corpus cases, small and fast on the CPU: float16 and float32, none/causal/window, GQA/MQA.
+E2E_CASES = ("f16-causal-mqa-empty-rows", "f16-window-gqa", "f32-none-uniform-tiny", "f32-window-mqa")
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("gate")
+    full = load_corpus()
+    corpus = Corpus(version=1, cases=tuple(spec for spec in full.cases if spec.name in E2E_CASES))
+    return save_corpus(corpus, directory / "corpus.json"), directory / "golden-cache"
+
+
+def _cli(*arguments, corpus, cache) -> list[str]:
+    return [*arguments, "--device", "cpu", "--corpus", str(corpus), "--golden-cache", str(cache)]
+
+
+def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_error(
+    small_corpus, tmp_path, capsys, monkeypatch
+):
+    corpus, cache = small_corpus
+    name = "tests.test_gate:DOUBLED_OUT_ERROR"
+    base = tmp_path / "baseline.json"
+    assert cli.main(_cli("baseline", "--kernel", name, "--out", str(base), corpus=corpus, cache=cache)) == 0
+    runs = [tmp_path / "run1.json", tmp_path / "run2.json"]
+    for run in runs:
+        code = cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), "--out", str(run), corpus=corpus, cache=cache))
+        assert code == 0
+    out = capsys.readouterr().out
+    assert out.count("(corpus version 1, 4 cases): PASSED") == 2 and "REGRESSION" not in out
+    first, second = (json.loads(run.read_text()) for run in runs)
+    assert first["groups"] == second["groups"] == json.loads(base.read_text())["groups"]
+
+    monkeypatch.setattr(DOUBLED_OUT_ERROR, "degrade", True)
+    markdown = tmp_path / "gate.md"
+    code = cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), "--markdown", str(markdown), corpus=corpus, cache=cache))
+    assert code == 1
+    out = capsys.readouterr().out
+    regressions = [line for line in out.splitlines() if line.startswith("  REGRESSION")]
+    for group in ("float16/out/causal+mqa", "float16/out/window+gqa", "float32/out/none", "float32/out/window+mqa"):
+        assert any(line.startswith(f"  REGRESSION quantile-rise: {group} normalized: ") for line in regressions)
+    assert not any("/lse/" in line or "/dv/" in line for line in regressions)
+    assert "FAILED" in markdown.read_text()
+
+
+def test_gate_refuses_a_baseline_of_another_kernel_before_running(small_corpus, tmp_path, capsys):
+    corpus, cache = small_corpus
+    base = tmp_path / "baseline.json"
+    assert cli.main(_cli("baseline", "--kernel", "reference", "--out", str(base), "--dtypes", "float32", corpus=corpus, cache=cache)) == 0
+    code = cli.main(_cli("gate", "--kernel", "reference-eager", "--baseline", str(base), corpus=corpus, cache=cache))
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "kernel 'reference' != 'reference-eager'" in err and err.count("\n") == 1
+    code = cli.main(_cli("gate", "--kernel", "reference", "--baseline", str(base), "--dtypes", "float16,float32", corpus=corpus, cache=cache))
+    assert code == 2 and "dtypes 'float32' != 'float16,float32'" in capsys.readouterr().err
+
+
+def test_gate_cli_bad_margin_is_a_usage_error(small_corpus, capsys):
+    corpus, cache = small_corpus
+    code = cli.main(_cli("gate", "--kernel", "reference", "--baseline", "x.json", "--floor", "ulp", corpus=corpus, cache=cache))
+    assert code == 2 and "--floor 'ulp' is not NAME=NUMBER" in capsys.readouterr().err

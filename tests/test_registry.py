@@ -1,0 +1,78 @@
+"""Kernel registry (verify/registry.py): every way a target can fail to load is
+a one-line KernelLoadError naming the target, and ``fa2-verify kernels`` lists
+targets, capabilities and whether they run here."""
+
+from __future__ import annotations
+
+import pytest
+
+from kernels.contract import Capabilities
+from kernels.reference import DEFERRED
+from verify.cli import main
+from verify.errors import KernelLoadError
+from verify.registry import BUNDLED, load_kernel
+
+
+class _NoForward:
+    capabilities = DEFERRED.capabilities
+
+
+class _NoCapabilities:
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)):
+        return DEFERRED.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+
+
+class _DictCapabilities(_NoCapabilities):
+    capabilities = DEFERRED.capabilities.as_dict()
+
+
+NO_FORWARD = _NoForward()
+NO_CAPABILITIES = _NoCapabilities()
+DICT_CAPABILITIES = _DictCapabilities()
+
+BAD_TARGETS = {
+    "unknown-name": ("no-such-kernel", f"unknown kernel 'no-such-kernel': use one of {', '.join(sorted(BUNDLED))}, or module:attr"),
+    "import-failure": ("tests.no_such_module:KERNEL", "kernel 'tests.no_such_module:KERNEL': cannot import module 'tests.no_such_module'"),
+    "missing-attribute": ("tests.mutants:NO_SUCH_MUTANT", "module 'tests.mutants' has no attribute 'NO_SUCH_MUTANT'"),
+    "lacks-forward": ("tests.test_registry:NO_FORWARD", "target 'tests.test_registry:NO_FORWARD' lacks 'forward'"),
+    "lacks-capabilities": ("tests.test_registry:NO_CAPABILITIES", "lacks 'capabilities', required by the kernel contract"),
+    "bad-capabilities": ("tests.test_registry:DICT_CAPABILITIES", "'capabilities' is dict, expected kernels.contract.Capabilities"),
+}
+
+
+@pytest.mark.parametrize("name, message", BAD_TARGETS.values(), ids=BAD_TARGETS.keys())
+def test_bad_target_raises_one_line_load_error(name: str, message: str) -> None:
+    with pytest.raises(KernelLoadError) as info:
+        load_kernel(name)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["reference", "reference-eager", "torch-flash"])
+def test_bundled_cpu_targets_load(name: str) -> None:
+    kernel = load_kernel(name)
+    assert kernel.name == name and isinstance(kernel.capabilities, Capabilities)
+    assert kernel.unavailable_reason("cpu") is None
+
+
+def test_module_attr_target_loads() -> None:
+    kernel = load_kernel("kernels.reference:EAGER")
+    assert kernel.config()["rescaling"] == "eager"
+
+
+def test_kernels_command_lists_capabilities(capsys) -> None:
+    assert main(["kernels", "reference", "torch-flash", "tests.no_such_module:KERNEL"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["kernel", "devices/dtypes", "head", "dims", "features", "runs", "here"]
+    rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ")}
+    assert "cpu: float16,bfloat16,float32,float64; cuda: float16,bfloat16,float32,float64" in rows["reference"]
+    assert " 1..512 " in rows["reference"] and "causal,window,gqa,backward,deterministic " in rows["reference"]
+    assert "cpu: yes" in rows["reference"] and "cpu: yes" in rows["torch-flash"]
+    assert "cpu: float16,bfloat16,float32,float64; cuda: float16,bfloat16" in rows["torch-flash"]
+    assert "no: kernel 'tests.no_such_module:KERNEL': cannot import module" in rows["tests.no_such_module:KERNEL"]
+    assert any(line.strip().startswith("note: cpu: seqlen_q=0 or seqlen_k=0 is unsupported") for line in lines)
+
+
+def test_kernels_command_lists_every_bundled_target(capsys) -> None:
+    assert main(["kernels"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:] if not line.startswith(" ")]
+    assert listed == list(BUNDLED)

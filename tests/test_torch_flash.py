@@ -1,0 +1,132 @@
+"""The ``torch-flash`` adapter (kernels/torch_flash.py): PyTorch's CPU flash
+kernel against float64 attention through the contract (layout, bottom-right
+masks, GQA, LSE, empty rows), the cases it refuses, and the CUDA call
+plumbing (checked on the meta device here; on a GPU by the ``gpu`` tests)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kernels import torch_flash
+from kernels.torch_flash import KERNEL
+from tests.naive import assert_matches, attention, check_against_attention, make_inputs
+from tests.test_reference import DTYPES, MASKS, SHAPES
+from verify.errors import UnsupportedCase
+from verify.poison import poisoned
+from verify.registry import load_kernel
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+def test_cpu_matches_naive_attention(shape, mask, dtype) -> None:
+    """out, lse, dq, dk, dv through the adapter = float64 attention, within a few roundoffs of the dtype."""
+    check_against_attention(KERNEL, shape, dtype, mask)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(20, 50), (50, 20)])
+def test_cpu_causal_is_bottom_right_aligned(seqlen_q, seqlen_k) -> None:
+    """With seqlen_q != seqlen_k the adapter's causal mask is the contract's, not PyTorch's top-left is_causal."""
+    shape = (1, seqlen_q, seqlen_k, 2, 2, 8)
+    check_against_attention(KERNEL, shape, torch.float64, {"causal": True})
+    q, k, v, _ = make_inputs(shape, torch.float64)
+    top_left, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, True, scale=0.3
+    )
+    expected, _ = attention(q, k, v, softmax_scale=0.3, causal=True)
+    with pytest.raises(AssertionError, match="top-left"):
+        assert_matches("top-left", top_left.transpose(1, 2), expected, 1e-3)
+
+
+def test_cpu_empty_rows() -> None:
+    """A row that sees no key: out = 0, lse = -inf (PyTorch writes 0), dq = 0, no NaN under poisoning."""
+    q, k, v, dout = make_inputs((2, 6, 3, 4, 2, 8), torch.bfloat16)
+    with poisoned("cpu"):
+        out, lse = KERNEL.forward(q, k, v, softmax_scale=0.5, causal=True)
+        dq, dk, dv = KERNEL.backward(dout, q, k, v, out, lse, softmax_scale=0.5, causal=True)
+    assert not any(t.isnan().any() for t in (out, lse, dq, dk, dv))
+    assert (out[:, :3] == 0).all() and (dq[:, :3] == 0).all()
+    assert (lse[:, :, :3] == -math.inf).all() and lse[:, :, 3:].isfinite().all()
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(0, 4), (4, 0)])
+def test_cpu_refuses_empty_sequences(seqlen_q, seqlen_k) -> None:
+    """PyTorch's CPU kernel kills the process on an empty sequence: the adapter refuses first."""
+    q, k, v, dout = make_inputs((1, seqlen_q, seqlen_k, 1, 1, 8), torch.float32)
+    with pytest.raises(UnsupportedCase, match=f"seqlen_q={seqlen_q}, seqlen_k={seqlen_k}"):
+        KERNEL.forward(q, k, v, softmax_scale=1.0)
+    with pytest.raises(UnsupportedCase, match="SIGFPE"):
+        KERNEL.backward(dout, q, k, v, dout, torch.zeros(1, 1, seqlen_q), softmax_scale=1.0)
+
+
+def test_outside_capabilities_is_unsupported() -> None:
+    q, k, v, _ = make_inputs((1, 4, 4, 2, 2, 600), torch.float32)
+    with pytest.raises(UnsupportedCase, match="torch-flash: head_dim=600 is not supported"):
+        KERNEL.forward(q, k, v, softmax_scale=1.0)
+
+
+@pytest.mark.parametrize("head_dim, supported", [(64, True), (256, True), (12, False), (264, False)])
+def test_cuda_head_dims(head_dim, supported) -> None:
+    reason = torch_flash.cuda_unsupported_reason(head_dim, torch.device("cuda"))
+    if supported:
+        assert reason is None or "head_dim" not in reason
+    else:
+        assert reason == f"head_dim={head_dim}: PyTorch's CUDA flash kernel needs a multiple of 8 up to 256"
+
+
+@pytest.mark.parametrize("window, causal", [((-1, -1), False), ((-1, 0), True), ((3, 1), False)])
+def test_cuda_call_plumbing_on_meta_device(window, causal) -> None:
+    """The CUDA ops accept the adapter's arguments (GQA, windows, no cu_seqlens) and return contract shapes."""
+    q = torch.empty(2, 5, 4, 64, dtype=torch.float16, device="meta")
+    k = torch.empty(2, 7, 2, 64, dtype=torch.float16, device="meta")
+    out, lse = torch_flash.cuda_forward(q, k, k, softmax_scale=0.125, window=window, causal=causal)
+    assert (out.shape, out.dtype, lse.shape, lse.dtype) == (q.shape, q.dtype, (2, 4, 5), torch.float32)
+    dq, dk, dv = torch_flash.cuda_backward(q, q, k, k, out, lse, softmax_scale=0.125, window=window, causal=causal)
+    assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
+
+
+def test_deterministic_mode_is_restored() -> None:
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    with torch_flash._deterministic_algorithms(True):
+        assert torch.are_deterministic_algorithms_enabled()
+        assert not torch.is_deterministic_algorithms_warn_only_enabled()
+    assert (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()) == before
+
+
+def test_cpu_backward_is_deterministic() -> None:
+    q, k, v, dout = make_inputs((2, 70, 90, 4, 2, 16), torch.float32)
+    out, lse = KERNEL.forward(q, k, v, softmax_scale=0.25, window_size=(20, 5))
+    runs = [KERNEL.backward(dout, q, k, v, out, lse, softmax_scale=0.25, window_size=(20, 5), deterministic=True) for _ in range(2)]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_registered_with_capabilities_and_config() -> None:
+    kernel = load_kernel("torch-flash")
+    assert kernel.target is KERNEL
+    assert kernel.capabilities.dtypes == {"cpu": ("float16", "bfloat16", "float32", "float64"), "cuda": ("float16", "bfloat16")}
+    assert kernel.unavailable_reason("cpu") is None
+    assert kernel.config()["torch"] == torch.__version__
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+@pytest.mark.parametrize(
+    "shape", [(2, 33, 70, 4, 2, 64), (1, 70, 33, 6, 1, 128), (1, 1, 40, 4, 2, 32)], ids=["gqa-long-k", "mqa-long-q", "decode"]
+)
+def test_cuda_matches_naive_attention(shape, mask, dtype) -> None:
+    check_against_attention(KERNEL, shape, dtype, mask, device="cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_empty_rows_and_deterministic_backward() -> None:
+    q, k, v, dout = (t.cuda() for t in make_inputs((2, 6, 3, 4, 2, 64), torch.float16))
+    with poisoned("cuda"):
+        out, lse = KERNEL.forward(q, k, v, softmax_scale=0.5, causal=True)
+        runs = [KERNEL.backward(dout, q, k, v, out, lse, softmax_scale=0.5, causal=True, deterministic=True) for _ in range(2)]
+    assert (out[:, :3] == 0).all() and lse[:, :, :3].isinf().all() and (runs[0][0][:, :3] == 0).all()
+    assert not any(t.isnan().any() for t in (out, lse, *runs[0]))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
