@@ -57,6 +57,10 @@ class Defective:
             return out.float(), lse
         if self.defect == "one-value":
             return (out,)
+        if self.defect == "out-list":
+            return out.tolist(), lse
+        if self.defect == "out-elsewhere":
+            return out.to("meta"), lse
         if self.defect == "unwritten":
             partial = torch.empty_like(out)
             partial.view(-1)[:-1] = out.reshape(-1)[:-1]
@@ -116,7 +120,9 @@ def test_unavailable_kernel_is_unsupported(reference):
         ("raises", "defect-raises.forward raised RuntimeError: boom"),
         ("lse-shape", "returned lse with shape (1, 5, 4), expected (1, 4, 5) = (batch, heads_q, seqlen_q)"),
         ("out-dtype", "returned out with dtype float32, expected float16"),
-        ("one-value", "returned tuple, expected a tuple (out, lse)"),
+        ("one-value", "returned 1 value(s), expected 2: (out, lse)"),
+        ("out-list", "returned out as list, expected a tensor"),
+        ("out-elsewhere", "returned out on meta, expected cpu"),
         ("modifies-input", "modified its input q in place"),
     ],
 )

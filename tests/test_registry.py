@@ -76,3 +76,13 @@ def test_kernels_command_lists_every_bundled_target(capsys) -> None:
     assert main(["kernels"]) == 0
     listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:] if not line.startswith(" ")]
     assert listed == list(BUNDLED)
+
+
+def test_module_failing_on_import_raises_one_line_load_error(tmp_path, monkeypatch) -> None:
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('CUDA driver too old')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KernelLoadError) as info:
+        load_kernel("raises_on_import:KERNEL")
+    message = str(info.value)
+    assert "cannot import module 'raises_on_import': RuntimeError: CUDA driver too old" in message
+    assert "\n" not in message

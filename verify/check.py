@@ -61,18 +61,21 @@ def _call(kernel: LoadedKernel, entry: str, call: Callable[[], Any], outputs: tu
     """Run one kernel entry point under poisoning; return its outputs by name after checking the contract."""
     layouts = _expected_layouts(case)
     device = case.q.device
-    try:
-        with poisoned(device, [layouts[name][:2] for name in outputs]):
+    with poisoned(device, [layouts[name][:2] for name in outputs]):
+        try:
             returned = call()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-    except UnsupportedCase:
-        raise
-    except Exception as exc:
-        raise _KernelError(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
-    if not isinstance(returned, (tuple, list)) or len(returned) != len(outputs):
+        except UnsupportedCase:
+            raise
+        except Exception as exc:
+            raise _KernelError(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
+    expected = f"({', '.join(outputs)})"
+    if not isinstance(returned, (tuple, list)):
+        raise _KernelError(f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple {expected}")
+    if len(returned) != len(outputs):
         raise _KernelError(
-            f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple ({', '.join(outputs)})"
+            f"{kernel.name}.{entry} returned {len(returned)} value(s), expected {len(outputs)}: {expected}"
         )
     named = dict(zip(outputs, returned))
     for name, tensor in named.items():

@@ -28,9 +28,13 @@ from typing import Iterable, Iterator
 
 import torch
 
-#: PyTorch's warning for an op without a deterministic implementation: expected
-#: while the deterministic flag is on only to get NaN-filled allocations.
-_NONDETERMINISTIC_WARNING = r".*does not have a deterministic implementation.*"
+#: PyTorch's warnings for ops without a deterministic implementation (generic,
+#: and cuBLAS without CUBLAS_WORKSPACE_CONFIG): expected while the deterministic
+#: flag is on only to get NaN-filled allocations.
+_NONDETERMINISTIC_WARNINGS = (
+    r".*does not have a deterministic implementation.*",
+    r".*Deterministic behavior was enabled with either.*",
+)
 
 
 def _prime_cuda_allocator(device: torch.device, outputs: Iterable[tuple[tuple[int, ...], torch.dtype]]) -> None:
@@ -61,7 +65,8 @@ def poisoned(
     fill = torch.utils.deterministic.fill_uninitialized_memory
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_NONDETERMINISTIC_WARNING, category=UserWarning)
+            for message in _NONDETERMINISTIC_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=UserWarning)
             torch.use_deterministic_algorithms(True, warn_only=True)
             torch.utils.deterministic.fill_uninitialized_memory = True
             yield

@@ -85,8 +85,10 @@ def load_kernel(name: str) -> LoadedKernel:
     module_name, _, attr_path = spec.partition(":")
     try:
         target: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise KernelLoadError(f"kernel {name!r}: cannot import module {module_name!r}: {exc}") from exc
+    except Exception as exc:  # a user's module may fail on import in any way; report it, never a traceback
+        raise KernelLoadError(
+            f"kernel {name!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     for attr in attr_path.split("."):
         try:
             target = getattr(target, attr)

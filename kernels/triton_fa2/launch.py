@@ -129,7 +129,7 @@ def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _record(problem, "forward", chosen, use_tma=_forward(problem, q, k, v, out, lse, chosen))
+    _record(problem, "forward", chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
     return out, lse
 
 
@@ -148,7 +148,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _record(problem, "forward_varlen", chosen, use_tma=_forward(problem, q, k, v, out, lse, chosen))
+    _record(problem, "forward_varlen", chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
     return out, lse
 
 
@@ -222,7 +222,7 @@ def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_siz
             grad.zero_()
         return dq, dk, dv
     used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
-    _record(problem, "backward", chosen, deterministic=bool(deterministic), use_tma=used)
+    _record(problem, "backward", chosen, deterministic=bool(deterministic), tma_used=used)
     return dq, dk, dv
 
 
@@ -243,5 +243,5 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
             grad.zero_()
         return dq, dk, dv
     used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
-    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic), use_tma=used)
+    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic), tma_used=used)
     return dq, dk, dv

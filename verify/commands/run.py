@@ -18,12 +18,14 @@ import pathlib
 
 import torch
 
+from verify.atomic import write_text_atomic
 from verify.check import run_cases
 from verify.errors import DeviceUnavailable, ReportError, UsageError
 from verify.fixed_cases import FIXED_CASES
 from verify.metrics import describe_failure
 from verify.registry import LoadedKernel, load_kernel, require_device
-from verify.report_json import collect_environment, write_tolerance_report
+from verify.report_json import build_tolerance_report, collect_environment, write_tolerance_report
+from verify.report_markdown import render_tolerance
 from verify.results import CaseResult, RunResult
 
 REPORT_NAME = "tolerance.json"
@@ -38,7 +40,9 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("run", help="verify a kernel on the fixed case set against the golden")
     add_target_arguments(parser)
     parser.add_argument("--report", type=pathlib.Path, metavar="DIR", help=f"write DIR/{REPORT_NAME}")
-    parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME}")
+    parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE",
+                        help="write a Markdown summary, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)")
+    parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME} or --markdown")
     parser.set_defaults(handler=handle)
 
 
@@ -119,6 +123,8 @@ def handle(args) -> int:
     report = args.report / REPORT_NAME if args.report is not None else None
     if report is not None and report.exists() and not args.overwrite:
         raise ReportError(f"{report} exists: pass --overwrite to replace it, or choose another --report directory")
+    if args.markdown is not None and args.markdown.exists() and not args.overwrite:
+        raise ReportError(f"{args.markdown} exists: pass --overwrite to replace it, or choose another --markdown file")
     run = run_cases(kernel, FIXED_CASES, args.device)
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
@@ -126,9 +132,12 @@ def handle(args) -> int:
         print(description)
     print()
     print(summary(run))
+    environment = collect_environment(kernel, args.device)
     if report is not None:
-        environment = collect_environment(kernel, args.device)
         print(f"wrote {write_tolerance_report(report, run, environment=environment, overwrite=args.overwrite)}")
+    if args.markdown is not None:
+        markdown = render_tolerance(build_tolerance_report(run, environment=environment))
+        print(f"wrote {write_text_atomic(args.markdown, markdown, overwrite=args.overwrite)}")
     counts = run.counts()
     if counts["failed"] or counts["error"]:
         return 1

@@ -1,0 +1,153 @@
+"""Allure results of a property test: one result per test, labels, parameters, attachments made once.
+
+An inner pytest run (a subprocess, so allure-pytest's global state stays
+there) checks a few small cases of the ``reference`` kernel inside one
+Hypothesis-driven test and calls :func:`verify.allure_report.record_property_test`
+once, as the property plugin does after a test's last example.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from verify import allure_report
+from verify.errors import ReportError, UsageError
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+INNER_TEST = '''
+from hypothesis import given, settings, strategies as st
+
+from verify.allure_report import record_property_test
+from verify.case import CaseSpec, make_case
+from verify.check import check_case
+from verify.registry import load_kernel
+
+SPECS = [
+    CaseSpec(batch=1, seqlen_q=9, seqlen_k=12, heads_q=2, heads_kv=2, head_dim=32, dtype="float16", seed=1, name="f16"),
+    CaseSpec(batch=1, seqlen_q=12, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True,
+             seed=2, name="f16-causal-mqa"),
+    CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=32, dtype="float32",
+             window_size=(2, 1), seed=3, name="f32-window"),
+]
+
+
+def test_outputs_match_golden(request):
+    kernel = load_kernel("reference")
+    results = []
+
+    @settings(max_examples=len(SPECS), database=None, derandomize=True, deadline=None)
+    @given(st.sampled_from(SPECS))
+    def check(spec):
+        results.append(check_case(kernel, make_case(spec)))
+
+    check()
+    record_property_test(request.node.name, results, kernel="reference", device="cpu")
+    assert len(results) >= 2
+'''
+
+
+def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
+    """Run :data:`INNER_TEST` with ``--alluredir``; return the allure-results directory."""
+    test_file = directory / "test_inner_property.py"
+    test_file.write_text(INNER_TEST)
+    results = directory / "allure-results"
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "--alluredir", str(results)],
+        cwd=directory, env=environment, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return results
+
+
+@pytest.fixture(scope="module")
+def allure_results(tmp_path_factory) -> pathlib.Path:
+    return run_inner_suite(tmp_path_factory.mktemp("allure"))
+
+
+def _result(directory: pathlib.Path) -> dict:
+    results = [json.loads(path.read_text()) for path in directory.glob("*-result.json")]
+    assert len(results) == 1, "one Allure result per property test"
+    return results[0]
+
+
+def _attachments(result: dict) -> list[dict]:
+    found = list(result.get("attachments", []))
+    for step in result.get("steps", []):
+        found += step.get("attachments", [])
+    return found
+
+
+def test_one_result_with_kernel_device_dtype_feature_labels_and_parameters(allure_results):
+    result = _result(allure_results)
+    labels = {(label["name"], label["value"]) for label in result["labels"]}
+    assert {("kernel", "reference"), ("device", "cpu"), ("dtype", "float16"), ("dtype", "float32")} <= labels
+    assert {("feature", "none"), ("feature", "causal+mqa"), ("feature", "window")} <= labels
+    parameters = {parameter["name"]: parameter["value"] for parameter in result["parameters"]}
+    assert parameters["kernel"] == "'reference'" and parameters["unsupported"] == "0"
+    assert int(parameters["examples"]) >= 2
+
+
+def test_attachments_are_made_once_per_test_not_per_example(allure_results):
+    result = _result(allure_results)
+    attachments = _attachments(result)
+    names = sorted(attachment["name"] for attachment in attachments)
+    assert names == sorted(
+        [f"error histogram: {output}" for output in ("out", "lse", "dq", "dk", "dv")]
+        + ["error quantiles.csv", "case results.json"]
+    )
+    for attachment in attachments:
+        body = (allure_results / attachment["source"]).read_bytes()
+        if attachment["type"] == "image/png":
+            assert body.startswith(b"\x89PNG\r\n\x1a\n") and len(body) > 10_000
+    csv_body = next(a for a in attachments if a["name"].endswith(".csv"))
+    rows = list(csv.DictReader(io.StringIO((allure_results / csv_body["source"]).read_text())))
+    examples = int({p["name"]: p["value"] for p in result["parameters"]}["examples"])
+    assert len(rows) == 5 * examples
+    assert {row["output"] for row in rows} == {"out", "lse", "dq", "dk", "dv"}
+    assert all(float(row["normalized_max"]) <= float(row["threshold"]) for row in rows)
+    json_body = next(a for a in attachments if a["name"].endswith(".json"))
+    assert len(json.loads((allure_results / json_body["source"]).read_text())["cases"]) == examples
+
+
+def test_without_alluredir_nothing_is_recorded():
+    if allure_report.active():
+        pytest.skip("this pytest run itself writes Allure results (--alluredir)")
+    allure_report.record_property_test("t", [], kernel="reference", device="cpu")
+
+
+def test_generate_html_refuses_missing_results_and_existing_output(tmp_path, allure_results):
+    with pytest.raises(UsageError, match="holds no Allure results"):
+        allure_report.generate_html(tmp_path / "nothing", tmp_path / "report")
+    occupied = tmp_path / "report"
+    occupied.mkdir()
+    (occupied / "index.html").write_text("old")
+    with pytest.raises(ReportError, match="is not empty: pass --overwrite"):
+        allure_report.generate_html(allure_results, occupied)
+
+
+def test_find_allure_explains_how_to_install(monkeypatch):
+    monkeypatch.setattr(allure_report, "CHECKOUT_ALLURE", pathlib.Path("/nonexistent/allure"))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv(allure_report.ALLURE_ENV, raising=False)
+    with pytest.raises(ReportError, match="npm ci --prefix ci"):
+        allure_report.find_allure()
+    with pytest.raises(UsageError, match="--allure='nope' is not an executable"):
+        allure_report.find_allure("nope")
+
+
+def test_a_java_allure_2_is_refused(tmp_path):
+    fake = tmp_path / "allure"
+    fake.write_text("#!/bin/sh\necho 2.30.0\n")
+    fake.chmod(0o755)
+    with pytest.raises(ReportError, match="is not Allure 3"):
+        allure_report.allure_version([str(fake)])
