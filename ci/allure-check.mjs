@@ -140,12 +140,18 @@ async function main() {
       }
     }
     if (options.screenshot && !failed) {
+      const shot = await browser.newPage({ viewport: { width: 1280, height: 1500 } });
       const first = tests[0];
-      await page.goto(`${base}/index.html#/${first.id}/attachments`);
-      const row = page.getByText(first.histograms[0], { exact: true }).first();
-      await row.click();
-      await page.waitForFunction(() => [...document.querySelectorAll('img')].some((image) => image.naturalWidth > 0));
-      await page.screenshot({ path: options.screenshot, fullPage: true });
+      await shot.goto(`${base}/index.html#/${first.id}/attachments`);
+      const shown = first.histograms.slice(0, 2);
+      for (const name of shown) {
+        await shot.getByText(name, { exact: true }).first().click();
+      }
+      await shot.waitForFunction((count) => {
+        const images = [...document.querySelectorAll('img')];
+        return images.length >= count && images.every((image) => image.complete && image.naturalWidth > 0);
+      }, shown.length, { timeout: 30000 });
+      await shot.screenshot({ path: options.screenshot });
       summary.screenshot = options.screenshot;
     }
   } finally {

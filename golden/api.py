@@ -25,8 +25,9 @@ class GoldenResult:
     ``delta = rowsum(dout * out)``.  The backward fields are ``None`` when no
     ``dout`` was given.  ``method`` is ``"mpmath"`` or ``"fast"``;
     ``certified_bound[name]`` is, for the fast path, the largest
-    ``|fast - mpmath|`` on the sampled rows over the largest ``|mpmath|`` there
-    (:mod:`golden.certify`), and 0.0 for mpmath.
+    ``|fast - mpmath|`` on the sampled rows over the largest ``|mpmath| + M``
+    there, ``M`` being the magnitude of the terms the element sums
+    (:mod:`golden.certify`); it is 0.0 for mpmath.
     """
 
     out: torch.Tensor

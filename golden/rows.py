@@ -44,14 +44,16 @@ class Exact:
     """``sum_l limbs[l] * 2**(LIMB_BITS * l) * 2**exponent``: an exact integer array.
 
     ``limbs`` is int64 of shape ``(count, *shape)``, each limb of magnitude
-    below ``2**LIMB_BITS`` and of the sign of its integer.
+    below ``2**LIMB_BITS`` and of the sign of its integer; ``values`` is the
+    array in float64 (for magnitudes only).
     """
 
     limbs: np.ndarray
     exponent: int
+    values: np.ndarray
 
     def rows(self, index) -> "Exact":
-        return Exact(self.limbs[:, index], self.exponent)
+        return Exact(self.limbs[:, index], self.exponent, self.values[index])
 
     def ints(self) -> np.ndarray:
         """The integers as a numpy object array of Python ints."""
@@ -62,11 +64,17 @@ class Exact:
 
 
 @dataclasses.dataclass(frozen=True)
-class QueryRow:
-    out: list
-    lse: tuple
-    delta: tuple | None
-    dq: list | None
+class Row:
+    """Raw mpf results of one row, each with the magnitude of the terms it sums (float64).
+
+    The magnitudes are the scales certification measures errors against:
+    ``sum_j P_ij |v_jc|`` for ``out``, ``max_j |S_ij|`` for ``lse``,
+    ``sum_c |dO_ic O_ic|`` for ``delta``, ``|scale| sum_j |dS_ij k_jc|`` for ``dq``,
+    ``|scale| sum_i |dS_ij q_ic|`` for ``dk`` and ``sum_i P_ij |dO_ic|`` for ``dv``.
+    """
+
+    values: dict[str, list]
+    magnitudes: dict[str, np.ndarray]
 
 
 def exact(x: np.ndarray) -> Exact:
@@ -76,7 +84,7 @@ def exact(x: np.ndarray) -> Exact:
     exponent = exponent.astype(np.int64) - 53
     nonzero = ints != 0
     if not nonzero.any():
-        return Exact(np.zeros((1, *x.shape), dtype=np.int64), 0)
+        return Exact(np.zeros((1, *x.shape), dtype=np.int64), 0, x)
     trailing = np.where(nonzero, np.frexp((ints & -ints).astype(np.float64))[1] - 1, 0)
     magnitude = np.abs(ints) >> trailing
     exponent += trailing
@@ -90,7 +98,7 @@ def exact(x: np.ndarray) -> Exact:
         left = np.clip(-low, 0, LIMB_BITS)
         window = (magnitude >> np.clip(low, 0, 63)) & ((1 << (LIMB_BITS - left)) - 1)
         limbs[index] = np.sign(ints) * (window << left)
-    return Exact(limbs, base)
+    return Exact(limbs, base, x)
 
 
 def dot(a: Exact, b: Exact) -> tuple:
@@ -109,8 +117,8 @@ def mpf(value: float) -> tuple:
     return libmp.from_float(float(value))
 
 
-def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None, scale: float, prec: int) -> QueryRow:
-    """One query row; ``k`` and ``v`` hold only the keys the row sees (at least one)."""
+def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None, scale: float, prec: int) -> Row:
+    """``out``, ``lse`` (and ``delta``, ``dq``) of one query row; ``k``, ``v`` hold only the keys it sees."""
     scores, score_exp = dot(k, exact(q_row))
     top = max(scores) if scale >= 0 else min(scores)
     scale_mpf = mpf(scale)
@@ -118,24 +126,36 @@ def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None
     ell = libmp.mpf_sum(e, prec, RND)
     row_max = libmp.mpf_mul(libmp.from_man_exp(top, score_exp), scale_mpf, prec, RND)
     lse = libmp.mpf_add(row_max, libmp.mpf_log(ell, prec, RND), prec, RND)
-    p = [libmp.mpf_div(x, ell, prec, RND) for x in e]
-    out_ints, out_exp = dot(_weights(p, prec), v)
+    p_values = [libmp.mpf_div(x, ell, prec, RND) for x in e]
+    p = _weights(p_values, prec)
+    out_ints, out_exp = dot(p, v)
     out = [libmp.from_man_exp(o, out_exp, prec, RND) for o in out_ints]
-    if dout_row is None:
-        return QueryRow(out, lse, None, None)
-    dout_x = exact(dout_row)
-    delta = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
-    dp, dp_exp = dot(v, dout_x)
-    ds = [
-        libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(dp_j, dp_exp), delta, prec, RND), prec, RND)
-        for p_j, dp_j in zip(p, dp)
-    ]
-    dq_ints, dq_exp = dot(_weights(ds, prec), k)
-    dq = [libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in dq_ints]
-    return QueryRow(out, lse, delta, dq)
+    values = {"out": out, "lse": lse}
+    magnitudes = {
+        "out": np.abs(p.values) @ np.abs(v.values),
+        "lse": abs(scale) * np.max(np.abs(k.values @ q_row)),
+    }
+    if dout_row is not None:
+        dout_x = exact(dout_row)
+        delta = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
+        dp, dp_exp = dot(v, dout_x)
+        ds = _weights(
+            [
+                libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(dp_j, dp_exp), delta, prec, RND), prec, RND)
+                for p_j, dp_j in zip(p_values, dp)
+            ],
+            prec,
+        )
+        dq_ints, dq_exp = dot(ds, k)
+        values["delta"] = delta
+        values["dq"] = [libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in dq_ints]
+        out_float = np.array([libmp.to_float(o) for o in out])
+        magnitudes["delta"] = np.abs(dout_row) @ np.abs(out_float)
+        magnitudes["dq"] = abs(scale) * (np.abs(ds.values) @ np.abs(k.values))
+    return Row(values, magnitudes)
 
 
-def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int) -> tuple[list, list]:
+def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int) -> Row:
     """``dk`` and ``dv`` of one key row.
 
     ``heads``: for each query head of the kv head's group, ``(q, dout, lse, delta)``
@@ -147,6 +167,7 @@ def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int
     k_x, v_x = exact(k_row), exact(v_row)
     scale_mpf = mpf(scale)
     dk_parts, dv_parts = [], []
+    dk_magnitude = dv_magnitude = 0.0
     for q, dout, lse, delta in heads:
         scores, score_exp = dot(q, k_x)
         p = [
@@ -160,20 +181,24 @@ def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int
             libmp.mpf_mul(p_i, libmp.mpf_sub(libmp.from_man_exp(dp_i, dp_exp), delta_i, prec, RND), prec, RND)
             for p_i, dp_i, delta_i in zip(p, dp, delta)
         ]
-        dv_ints, dv_exp = dot(_weights(p, prec), dout)
-        dk_ints, dk_exp = dot(_weights(ds, prec), q)
+        p_x, ds_x = _weights(p, prec), _weights(ds, prec)
+        dv_ints, dv_exp = dot(p_x, dout)
+        dk_ints, dk_exp = dot(ds_x, q)
         dv_parts.append([libmp.from_man_exp(x, dv_exp) for x in dv_ints])
         dk_parts.append([libmp.from_man_exp(x, dk_exp) for x in dk_ints])
+        dv_magnitude = dv_magnitude + np.abs(p_x.values) @ np.abs(dout.values)
+        dk_magnitude = dk_magnitude + abs(scale) * (np.abs(ds_x.values) @ np.abs(q.values))
     dv = [libmp.mpf_sum(parts, prec, RND) for parts in zip(*dv_parts)]
     dk = [libmp.mpf_mul(libmp.mpf_sum(parts), scale_mpf, prec, RND) for parts in zip(*dk_parts)]
-    return dk, dv
+    return Row({"dk": dk, "dv": dv}, {"dk": dk_magnitude, "dv": dv_magnitude})
 
 
 def _weights(values: list, prec: int) -> Exact:
-    """Raw mpf values as :class:`Exact` limbs, dropping those below 2**-(2 prec + 64) of the largest."""
+    """Raw mpf values as exact limbs, dropping those below 2**-(2 prec + 64) of the largest."""
+    approximations = np.array([libmp.to_float(x) for x in values])
     tops = [exp + bc for _, man, exp, bc in values if man]
     if not tops:
-        return Exact(np.zeros((1, len(values)), dtype=np.int64), 0)
+        return Exact(np.zeros((1, len(values)), dtype=np.int64), 0, approximations)
     floor = max(tops) - 2 * prec - 64
     kept = [v if v[1] and v[2] + v[3] > floor else libmp.fzero for v in values]
     base = min(exp for _, man, exp, _ in kept if man)
@@ -184,4 +209,4 @@ def _weights(values: list, prec: int) -> Exact:
         for index in range(count):
             limbs[index, column] = -(magnitude & _LIMB_MASK) if sign else magnitude & _LIMB_MASK
             magnitude >>= LIMB_BITS
-    return Exact(limbs, base)
+    return Exact(limbs, base, approximations)

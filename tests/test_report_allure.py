@@ -2,8 +2,9 @@
 
 An inner pytest run (a subprocess, so allure-pytest's global state stays
 there) checks a few small cases of the ``reference`` kernel inside one
-Hypothesis-driven test and calls :func:`verify.allure_report.record_property_test`
-once, as the property plugin does after a test's last example.
+Hypothesis-driven test; a ``pytest_runtest_call`` hook wrapper then calls
+:func:`verify.allure_report.record_property_test` once with every result, as
+the property plugin does after a test's last example.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 INNER_TEST = '''
 from hypothesis import given, settings, strategies as st
 
-from verify.allure_report import record_property_test
 from verify.case import CaseSpec, make_case
 from verify.check import check_case
 from verify.registry import load_kernel
@@ -40,18 +40,29 @@ SPECS = [
 ]
 
 
-def test_outputs_match_golden(request):
-    kernel = load_kernel("reference")
-    results = []
+RESULTS = []
 
-    @settings(max_examples=len(SPECS), database=None, derandomize=True, deadline=None)
-    @given(st.sampled_from(SPECS))
-    def check(spec):
-        results.append(check_case(kernel, make_case(spec)))
 
-    check()
-    record_property_test(request.node.name, results, kernel="reference", device="cpu")
-    assert len(results) >= 2
+@settings(max_examples=len(SPECS), database=None, derandomize=True, deadline=None)
+@given(st.sampled_from(SPECS))
+def test_outputs_match_golden(spec):
+    result = check_case(load_kernel("reference"), make_case(spec))
+    RESULTS.append(result)
+    assert result.passed
+'''
+
+INNER_CONFTEST = '''
+import pytest
+
+from verify.allure_report import record_property_test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    finally:
+        record_property_test(item.name, item.module.RESULTS, kernel="reference", device="cpu")
 '''
 
 
@@ -59,6 +70,7 @@ def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
     """Run :data:`INNER_TEST` with ``--alluredir``; return the allure-results directory."""
     test_file = directory / "test_inner_property.py"
     test_file.write_text(INNER_TEST)
+    (directory / "conftest.py").write_text(INNER_CONFTEST)
     results = directory / "allure-results"
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     completed = subprocess.run(
@@ -151,3 +163,10 @@ def test_a_java_allure_2_is_refused(tmp_path):
     fake.chmod(0o755)
     with pytest.raises(ReportError, match="is not Allure 3"):
         allure_report.allure_version([str(fake)])
+
+
+def test_replayed_examples_count_once():
+    from tests.test_report import synthetic_result
+
+    first, replay, other = synthetic_result("a", seed=1), synthetic_result("a", seed=1), synthetic_result("b", seed=2)
+    assert allure_report.distinct_cases([first, other, replay]) == [replay, other]

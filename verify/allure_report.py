@@ -124,10 +124,21 @@ def attach_distributions(test_name: str, results: Sequence["CaseResult"]) -> Non
     )
 
 
+def distinct_cases(results: Sequence["CaseResult"]) -> list["CaseResult"]:
+    """One result per case spec, the last one kept: Hypothesis replays and shrinks examples."""
+    by_spec = {json.dumps(result.spec.to_dict(), sort_keys=True): result for result in results}
+    return list(by_spec.values())
+
+
 def record_property_test(test_name: str, results: Sequence["CaseResult"], *, kernel: str, device: str) -> None:
-    """Labels, parameters and attachments of one property test; a no-op without ``--alluredir``."""
+    """Labels, parameters and attachments of one property test; a no-op without ``--alluredir``.
+
+    Call it once per test, after its last example (e.g. from a
+    ``pytest_runtest_call`` hook wrapper), with every result the test produced.
+    """
     if not active():
         return
+    results = distinct_cases(results)
     label_test(results, kernel=kernel, device=device)
     attach_distributions(test_name, results)
 

@@ -50,6 +50,16 @@ def accumulation_unit(dtype: torch.dtype) -> float:
     return unit_roundoff(torch.float64 if dtype == torch.float64 else torch.float32)
 
 
+def lse_storage_unit(dtype: torch.dtype) -> float:
+    """``u_L``: the rounding of LSE into the contract's float32, beyond the accumulation's own.
+
+    Zero when the LSE is computed in float32 (it is stored as is); float32's
+    2^-24 for float64 inputs, whose float64 LSE the contract rounds to float32.
+    """
+    float32_unit = unit_roundoff(torch.float32)
+    return float32_unit if accumulation_unit(dtype) < float32_unit else 0.0
+
+
 def underflow_unit(dtype: torch.dtype) -> float:
     """``eta``: the largest absolute error of rounding into ``dtype`` in its subnormal range.
 
@@ -83,7 +93,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     * (1) logit error   ``Delta_ij = gamma_{d+2} A_ij + u_a (|S_ij| + M_i) + u_f``
     * (2) output        ``B^O_ic = u (|O_ic| + sum_j P_ij |V_jc|) + gamma_{2n_i} (sum_j P_ij |V_jc| + |O_ic|)
       + u_a |O_ic| + sum_j P_ij Delta_ij (|V_jc| + |O_ic|) + eta (1 + sum_{j visible} |V_jc|)``
-    * (3) LSE           ``B^L_i = sum_j P_ij Delta_ij + gamma_{2n_i} + u_f (1 + ln n_i) + 3 u_a (|LSE_i| + M_i)``
+    * (3) LSE           ``B^L_i = sum_j P_ij Delta_ij + gamma_{2n_i} + u_f (1 + ln n_i) + 3 u_a (|LSE_i| + M_i)
+      + u_L |LSE_i|``
     * (4) backward P    ``E_ij = Delta_ij + B^L_i + u_a (|S_ij| + |LSE_i|)``
     * (5) D             ``B^D_i = sum_c |dO_ic| B^O_ic + gamma_d sum_c |dO_ic| |O_ic|``
     * (6) dS            ``B^dS_ij = P_ij (E_ij |dP_ij - D_i| + gamma_d sum_c |dO_ic| |V_jc| + B^D_i)
@@ -102,6 +113,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     u = unit_roundoff(dtype)
     u_a = accumulation_unit(dtype)
     u_f = 4 * u_a
+    u_lse = lse_storage_unit(dtype)
     eta = underflow_unit(dtype)
     eta_lse = underflow_unit(torch.float32)
     scale = spec.scale
@@ -172,6 +184,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     + gamma(2 * n)
                     + u_f * (1 + torch.log(n.clamp(min=1)))
                     + 3 * u_a * (lse_rows.abs() + row_max[:, 0])
+                    + u_lse * lse_rows.abs()
                 )
                 bound_lse[b, h, rows] = torch.where(nonempty, b_lse, torch.full_like(b_lse, eta_lse))
                 if not backward:

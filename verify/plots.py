@@ -25,16 +25,22 @@ _BELOW = "#3b75af"
 _ABOVE = "#c0392b"
 
 
+def _edge(value: float) -> str:
+    """``1e-4`` for a power of ten, else the value in ``%g``."""
+    exponent = round(math.log10(value))
+    return f"1e{exponent}" if math.isclose(value, 10.0**exponent) else f"{value:g}"
+
+
 def bin_labels(edges: Sequence[float]) -> list[str]:
-    """``["<1e-04", "1e-04..1e-03", ..., ">=1e+03"]`` for edges ``[0, 1e-4, ..., 1e3, inf]``."""
+    """``["<1e-4", "1e-4..1e-3", ..., ">=1e3"]`` for edges ``[0, 1e-4, ..., 1e3, inf]``."""
     labels = []
     for low, high in zip(edges[:-1], edges[1:]):
         if low == 0.0:
-            labels.append(f"<{high:.0e}")
+            labels.append(f"<{_edge(high)}")
         elif math.isinf(high):
-            labels.append(f">={low:.0e}")
+            labels.append(f">={_edge(low)}")
         else:
-            labels.append(f"{low:.0e}..{high:.0e}")
+            labels.append(f"{_edge(low)}..{_edge(high)}")
     return labels
 
 

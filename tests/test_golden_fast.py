@@ -1,0 +1,235 @@
+"""The fast golden path checked against mpmath, and its certification shown to catch errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import golden
+from golden import certify, eft, fast, inputs, mp, rows
+from golden.certify import LIMIT
+from verify.errors import GoldenError
+
+MPMATH = golden.GoldenOptions(method="mpmath")
+FAST = golden.GoldenOptions(method="fast")
+OUTPUTS = ("out", "lse", "delta", "dq", "dk", "dv")
+
+
+def _case(batch=1, seqlen_q=6, seqlen_k=7, heads_q=2, heads_kv=1, head_dim=4, dtype=torch.float16, seed=0, spread=1.0):
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return (spread * torch.randn(*shape, generator=generator, dtype=torch.float64)).to(dtype)
+
+    q, dout = draw(batch, seqlen_q, heads_q, head_dim), draw(batch, seqlen_q, heads_q, head_dim)
+    k, v = draw(batch, seqlen_k, heads_kv, head_dim), draw(batch, seqlen_k, heads_kv, head_dim)
+    return q, k, v, dout
+
+
+CASES = {
+    "full": (dict(), dict()),
+    "causal": (dict(), dict(causal=True)),
+    "causal-sq<sk": (dict(seqlen_q=3, seqlen_k=8), dict(causal=True)),
+    "causal-sq>sk-empty-rows": (dict(seqlen_q=8, seqlen_k=3), dict(causal=True)),
+    "window": (dict(), dict(window_size=(2, 1))),
+    "window-left-only": (dict(seqlen_q=7, seqlen_k=5), dict(window_size=(1, -1))),
+    "window-unseen-keys": (dict(seqlen_q=2, seqlen_k=7), dict(window_size=(0, 0))),
+    "gqa": (dict(heads_q=4, heads_kv=2, batch=2), dict(causal=True)),
+    "mqa": (dict(heads_q=3, heads_kv=1), dict(window_size=(3, 0))),
+    "bfloat16": (dict(dtype=torch.bfloat16), dict(causal=True)),
+    "float32": (dict(dtype=torch.float32), dict()),
+    "float64": (dict(dtype=torch.float64), dict(window_size=(1, 2))),
+    "large-logits": (dict(dtype=torch.float32, spread=12.0), dict()),
+    "negative-scale": (dict(), dict(softmax_scale=-0.8)),
+}
+
+
+def _assert_close_to_mpmath(expected, actual, tolerance):
+    for name in OUTPUTS:
+        exp, act = getattr(expected, name), getattr(actual, name)
+        if exp is None:
+            assert act is None, name
+            continue
+        assert torch.equal(torch.isinf(exp), torch.isinf(act)), name
+        finite = torch.isfinite(exp)
+        scale = exp[finite].abs().max().item() if finite.any() else 0.0
+        error = (exp[finite] - act[finite]).abs().max().item() if finite.any() else 0.0
+        assert error <= tolerance * scale, f"{name}: error {error:.3g}, scale {scale:.3g}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_matches_mpmath_everywhere(name):
+    """Every element of every output, not only the sampled rows, within 2**-46 of mpmath's largest."""
+    shape, call = CASES[name]
+    call = {"softmax_scale": 0.45, **call}
+    q, k, v, dout = _case(**shape)
+    expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
+    actual = golden.compute(q, k, v, dout, **call, options=FAST)
+    assert actual.method == "fast"
+    assert all(bound <= LIMIT for bound in actual.certified_bound.values())
+    _assert_close_to_mpmath(expected, actual, 2.0**-46)
+
+
+def test_fast_forward_only_matches_mpmath():
+    q, k, v, _ = _case()
+    expected = golden.compute(q, k, v, softmax_scale=0.3, causal=True, options=MPMATH)
+    actual = golden.compute(q, k, v, softmax_scale=0.3, causal=True, options=FAST)
+    assert set(actual.certified_bound) == {"out", "lse"}
+    _assert_close_to_mpmath(expected, actual, 2.0**-46)
+
+
+def test_query_blocks_give_the_same_result(monkeypatch):
+    """Blocks of two query rows (dK, dV accumulated over blocks) agree with mpmath too."""
+    q, k, v, dout = _case(heads_q=4, heads_kv=2, seqlen_q=7)
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 7)
+    actual = golden.compute(q, k, v, dout, softmax_scale=0.5, causal=True, options=FAST)
+    expected = golden.compute(q, k, v, dout, softmax_scale=0.5, causal=True, options=MPMATH)
+    _assert_close_to_mpmath(expected, actual, 2.0**-46)
+
+
+def test_sampling_takes_first_last_and_distinct_rows():
+    rng = np.random.default_rng(0)
+    picks = certify._sample(2, 3, np.arange(5, 10), 4, rng)
+    assert picks[:2] == [(0, 0, 5), (1, 2, 9)]
+    assert len(set(picks)) == 4
+    assert certify._sample(1, 1, np.array([3]), 4, rng) == [(0, 0, 3)]
+    assert certify._sample(1, 1, np.array([], dtype=int), 4, rng) == []
+
+
+def _problem(**shape):
+    q, k, v, dout = _case(**shape)
+    return inputs.prepare(q, k, v, dout, softmax_scale=0.45, causal=True, window_size=(-1, -1))
+
+
+def _corrupt(monkeypatch, name, factor=1 + 1e-9):
+    """Make ``fast.attention`` return ``name`` scaled by ``factor`` (a wrong golden)."""
+    original = fast.attention
+
+    def corrupted(problem):
+        result = original(problem)
+        if name in ("lse_dd", "delta_dd"):
+            hi, lo = getattr(result, name)
+            return dataclasses.replace(result, **{name: (hi * factor, lo)})
+        return dataclasses.replace(result, **{name: getattr(result, name) * factor})
+
+    monkeypatch.setattr(fast, "attention", corrupted)
+
+
+@pytest.mark.parametrize("name", ["out", "lse", "dq", "dk", "dv", "delta", "lse_dd", "delta_dd"])
+def test_certification_fails_on_a_corrupted_fast_path(monkeypatch, name):
+    """A relative error of 1e-9 (far below float16's, far above the limit) in any output is caught."""
+    q, k, v, dout = _case(heads_q=4, heads_kv=2)
+    _corrupt(monkeypatch, name)
+    reported = {"lse_dd": "lse", "delta_dd": "d"}.get(name, name)
+    with pytest.raises(GoldenError, match=rf"certification.*{reported}"):
+        golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=FAST)
+
+
+def test_certification_passes_the_uncorrupted_fast_path():
+    problem = _problem(heads_q=4, heads_kv=2)
+    bounds = certify.certify(problem, fast.attention(problem), rows=4, precision_bits=113, seed=0)
+    assert set(bounds) == {"out", "lse", "dq", "dk", "dv"}
+    assert all(0 <= value <= 2.0**-50 for value in bounds.values()), bounds
+
+
+def test_certified_bound_reports_the_observed_error():
+    """The reported bound grows with an injected error below the limit."""
+    problem = _problem()
+    served = fast.attention(problem)
+    clean = certify.certify(problem, served, rows=4, precision_bits=113, seed=0)
+    nudged = dataclasses.replace(served, out=served.out * (1 + 2.0**-45))
+    bounds = certify.certify(problem, nudged, rows=4, precision_bits=113, seed=0)
+    assert 2.0**-47 < bounds["out"] <= LIMIT
+    assert bounds["out"] > 100 * clean["out"]
+
+
+def test_rows_reference_agrees_with_plain_mpmath():
+    """golden.rows (exact integer dot products) and golden.mp (mpmath fdot) agree to ~2**-105."""
+    problem = _problem(heads_q=2, heads_kv=1, seqlen_q=5, seqlen_k=6)
+    ctx = mp.context(113)
+    to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]  # noqa: E731
+    plain = mp.attention_mpf(
+        ctx, *(to_mpf(getattr(problem, n)[0]) for n in ("q", "k", "v", "dout")), mask=problem.mask, scale=ctx.mpf(0.45)
+    )
+    tolerance = ctx.ldexp(1, -105)
+    k_x, v_x = rows.exact(problem.k[0, 0]), rows.exact(problem.v[0, 0])
+    for h in range(2):
+        for i in range(5):
+            keys = np.flatnonzero(problem.mask[i])
+            row = rows.query_row(problem.q[0, h, i], k_x.rows(keys), v_x.rows(keys), problem.dout[0, h, i], 0.45, 113)
+            for name in ("out", "dq"):
+                for got, want in zip(row.values[name], plain[name][h][i]):
+                    assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, h, i)
+            for name in ("lse", "delta"):
+                assert abs(ctx.mpf(row.values[name]) - plain[name][h][i]) <= tolerance * (1 + abs(plain[name][h][i]))
+    for j in range(6):
+        queries = np.flatnonzero(problem.mask[:, j])
+        heads = [
+            (
+                rows.exact(problem.q[0, h]).rows(queries),
+                rows.exact(problem.dout[0, h]).rows(queries),
+                [plain["lse"][h][i]._mpf_ for i in queries],
+                [plain["delta"][h][i]._mpf_ for i in queries],
+            )
+            for h in range(2)
+        ]
+        row = rows.key_row(problem.k[0, 0, j], problem.v[0, 0, j], heads, 0.45, 113)
+        for name in ("dk", "dv"):
+            for got, want in zip(row.values[name], plain[name][0][j]):
+                assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, j)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_limbs_represent_floats_exactly(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((5, 7)) * np.exp2(rng.integers(-60, 60, (5, 7)))
+    x[1, 2] = 0.0
+    x[3, 4] = 2.0**-1074
+    converted = rows.exact(x)
+    for value, integer in zip(x.flat, converted.ints().flat):
+        assert Fraction(value) == Fraction(integer) * Fraction(2) ** converted.exponent
+
+
+def test_exact_dot_is_exact():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((4, 9)) * np.exp2(rng.integers(-30, 30, (4, 9)))
+    b = rng.standard_normal(9) * np.exp2(rng.integers(-30, 30, 9))
+    ints, exponent = rows.dot(rows.exact(a), rows.exact(b))
+    for i in range(4):
+        expected = sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b))
+        assert Fraction(ints[i]) * Fraction(2) ** exponent == expected
+
+
+@pytest.mark.parametrize("spread", [0, 40, 1500], ids=["narrow", "wide", "extreme-exponents"])
+def test_dd_matmul_is_accurate(spread):
+    """hi + lo matches the exact product to 2**-60 of sum |a_ic b_cj|, whatever the exponent range."""
+    rng = np.random.default_rng(spread)
+    a = rng.standard_normal((3, 40)) * np.exp2(rng.integers(-spread // 2, spread // 2 + 1, (3, 40)) // 3)
+    b = rng.standard_normal((40, 2)) * np.exp2(rng.integers(-spread // 2, spread // 2 + 1, (40, 2)) // 3)
+    if spread == 1500:
+        a[0] *= 2.0**-700
+    hi, lo = eft.dd_matmul(a, b)
+    for i in range(3):
+        for j in range(2):
+            terms = [Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])]
+            error = abs(Fraction(hi[i, j]) + Fraction(lo[i, j]) - sum(terms))
+            assert error <= Fraction(2) ** -60 * sum(abs(t) for t in terms)
+
+
+def test_dot2_and_two_sum_two_prod_are_error_free():
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal(50) * 1e3, rng.standard_normal(50) * 1e-7
+    s, e = eft.two_sum(a, b)
+    p, f = eft.two_prod(a, b)
+    for i in range(50):
+        assert Fraction(s[i]) + Fraction(e[i]) == Fraction(a[i]) + Fraction(b[i])
+        assert Fraction(p[i]) + Fraction(f[i]) == Fraction(a[i]) * Fraction(b[i])
+    x, y = rng.standard_normal((2, 64)), rng.standard_normal((2, 64))
+    hi, lo = eft.dot2(x, y)
+    for r in range(2):
+        exact = sum(Fraction(u) * Fraction(w) for u, w in zip(x[r], y[r]))
+        assert abs(Fraction(hi[r]) + Fraction(lo[r]) - exact) <= Fraction(2) ** -100 * 64
