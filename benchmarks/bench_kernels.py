@@ -11,8 +11,9 @@ Sections (``--sections``, default ``check,spread,bench``):
 ``spread``  dq of the default (atomic) backward over repeated calls: the
             largest ULP distance to the first call; the deterministic
             backward must repeat dq, dk, dv bit for bit.
-``sweep``   tile configurations per pass (forward, backward_kv, backward_dq)
-            at 16k tokens, seqlen 4096, head dims 64 and 128.
+``sweep``   candidate tile configurations (:data:`SWEEP_TILES`) of a pass at
+            16k tokens, head dims 64 and 128, causal and full; the best by
+            geometric mean per (pass, head_dim, seqlen bucket).
 ``bench``   ``triton`` and SDPA's flash backend
             (``sdpa_kernel(SDPBackend.FLASH_ATTENTION)``) in the same run:
             forward and forward+backward, causal or not, head dims 64 and 128,
@@ -47,7 +48,6 @@ from collections.abc import Callable, Iterator
 import torch
 
 from benchmarks.naive_attention import naive_attention
-from kernels.contract import dtype_name
 from kernels.triton_fa2.configs import TileConfig, bucket
 
 #: Tokens per batch (batch * seqlen) and model width (heads * head_dim) of the benchmark rows.

@@ -140,7 +140,7 @@ async function main() {
       }
     }
     if (options.screenshot && !failed) {
-      const shot = await browser.newPage({ viewport: { width: 1280, height: 1500 } });
+      const shot = await browser.newPage({ viewport: { width: 1280, height: 1200 } });
       const first = tests[0];
       await shot.goto(`${base}/index.html#/${first.id}/attachments`);
       const shown = first.histograms.slice(0, 2);

@@ -5,14 +5,15 @@ Rows of ``out``, ``lse`` and ``dq`` are independent, so ``rows`` query rows
 :func:`golden.rows.query_row`.  A row of ``dk``/``dv`` sums over every query
 that sees its key, so ``rows`` key rows (among keys seen by at least one
 query) are recomputed by :func:`golden.rows.key_row` from mpmath scores and
-the fast path's double-double ``LSE`` and ``D`` of those queries.  That is
-sound because both are certified here too, and dK, dV depend on them only
-through ``P_ij = exp(S_ij - LSE_i)`` and ``dP_ij - D_i``: an absolute error
-``e`` in ``LSE`` changes each ``P_ij`` by the factor ``exp(-e)`` and a relative
-error ``r`` in ``D`` changes ``dS`` by at most ``r |D| P``.  Both are checked below
-``LIMIT`` (absolute for LSE, relative for D), so they move dK, dV by at most
-``LIMIT`` of the terms they sum: the bounds reported for ``dk`` and ``dv``
-hold up to that.
+two quantities of those queries taken from the fast path: the double-double
+``LSE_i`` and the offset ``b_i = D_i - dP_{i,p(i)}`` (:mod:`golden.fast`,
+step 4).  That is sound because both are certified here too, on the sampled
+query rows: ``LSE`` to :data:`LIMIT` absolute (an error ``e`` scales every
+``P_ij`` by ``exp(-e)``) and ``b`` to :data:`LIMIT` of
+``sum_j P_ij |dP_ij - dP_{i,p(i)}|``, the scale of the ``dP_ij - D_i`` it
+enters, so neither can move dK or dV by more than :data:`LIMIT` of the
+terms they sum without failing the certification.  ``delta`` is certified
+like the outputs; none of the three is reported.
 
 The samples always include the first and the last eligible row (mask
 boundaries), the rest drawn by a generator seeded from the inputs' hash, so
@@ -49,6 +50,9 @@ from verify.errors import GoldenError
 #: float16, bfloat16 or float32 kernel's error distribution.
 LIMIT = 2.0**-40
 
+#: float64's smallest normal number; differences below it are not counted.
+UNDERFLOW = 2.0**-1022
+
 
 def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
     """Certified bounds per output name; raises ``GoldenError`` above :data:`LIMIT`."""
@@ -62,12 +66,17 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
 
     def mpf_rows(name: str, b: int, head: int) -> list:
         if (name, b, head) not in cache:
-            hi, lo = getattr(fast, name)
-            cache[(name, b, head)] = [libmp.mpf_add(ref.mpf(x), ref.mpf(y)) for x, y in zip(hi[b, head], lo[b, head])]
+            if name == "lse":
+                hi, lo = fast.lse_dd
+                values = [libmp.mpf_add(ref.mpf(x), ref.mpf(y)) for x, y in zip(hi[b, head], lo[b, head])]
+            else:
+                values = [ref.mpf(x) for x in fast.offset[b, head]]
+            cache[(name, b, head)] = values
         return cache[(name, b, head)]
 
     backward = problem.dout is not None
-    bounds = {name: _Bound() for name in (("out", "lse", "dq", "delta", "dk", "dv") if backward else ("out", "lse"))}
+    names = ("out", "lse", "dq", "delta", "offset", "dk", "dv") if backward else ("out", "lse")
+    bounds = {name: _Bound() for name in names}
     lse_dd = _Bound()
     seen = np.flatnonzero(problem.mask.any(axis=1))
     for b, h, i in _sample(problem.batch, problem.heads_q, seen, rows, rng):
@@ -80,12 +89,13 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
             problem.dout[b, h, i] if backward else None,
             problem.scale,
             precision_bits,
+            int(np.searchsorted(keys, fast.pivot[b, h, i])),
         )
         actual = {"out": fast.out[b, h, i], "lse": [fast.lse[b, h, i]]}
         if backward:
-            actual.update(dq=fast.dq[b, h, i], delta=[fast.delta[b, h, i]])
+            actual.update(dq=fast.dq[b, h, i], delta=[fast.delta[b, h, i]], offset=[fast.offset[b, h, i]])
         _add(bounds, actual, expected, precision_bits)
-        lse_dd.add(_dd_value(fast.lse_dd, (b, h, i)), expected.values["lse"], 0.0, precision_bits)
+        lse_dd.add(mpf_rows("lse", b, h)[i], expected.values["lse"], 0.0, precision_bits)
     if backward:
         seen_keys = np.flatnonzero(problem.mask.any(axis=0))
         for b, g, j in _sample(problem.batch, problem.heads_kv, seen_keys, rows, rng):
@@ -94,16 +104,17 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
                 (
                     exact("q", b, h).rows(queries),
                     exact("dout", b, h).rows(queries),
-                    [mpf_rows("lse_dd", b, h)[i] for i in queries],
-                    [mpf_rows("delta_dd", b, h)[i] for i in queries],
+                    [mpf_rows("lse", b, h)[i] for i in queries],
+                    fast.pivot[b, h, queries],
+                    [mpf_rows("offset", b, h)[i] for i in queries],
                 )
                 for h in range(g * problem.group, (g + 1) * problem.group)
             ]
-            expected = ref.key_row(problem.k[b, g, j], problem.v[b, g, j], heads, problem.scale, precision_bits)
+            expected = ref.key_row(problem.k[b, g, j], exact("v", b, g), j, heads, problem.scale, precision_bits)
             _add(bounds, {"dk": fast.dk[b, g, j], "dv": fast.dv[b, g, j]}, expected, precision_bits)
     observed = {name: bound.relative() for name, bound in bounds.items()}
     _enforce({**observed, "lse (double-double, absolute)": lse_dd.absolute()})
-    return {name: value for name, value in observed.items() if name != "delta"}
+    return {name: value for name, value in observed.items() if name not in ("delta", "offset")}
 
 
 def _add(bounds: dict, actual: dict, expected: ref.Row, prec: int) -> None:
@@ -116,7 +127,11 @@ def _add(bounds: dict, actual: dict, expected: ref.Row, prec: int) -> None:
 
 
 class _Bound:
-    """Running ``max |actual - expected|`` (in mpmath) and ``max (|expected| + magnitude)``."""
+    """Running ``max |actual - expected|`` (in mpmath) and ``max (|expected| + magnitude)``.
+
+    Differences up to :data:`UNDERFLOW` are not counted: a float64 result
+    has no relative precision below it (e.g. ``P_ij`` under ``exp(-708)``).
+    """
 
     def __init__(self) -> None:
         self.diff = libmp.fzero
@@ -127,12 +142,13 @@ class _Bound:
         self.scale = max(self.scale, abs(libmp.to_float(expected)) + magnitude)
 
     def relative(self) -> float:
-        if self.scale == 0.0:
-            return 0.0 if self.diff == libmp.fzero else float("inf")
-        return libmp.to_float(self.diff, rnd=ref.RND) / self.scale
+        excess = max(libmp.to_float(self.diff, rnd=ref.RND) - UNDERFLOW, 0.0)
+        if excess == 0.0:
+            return 0.0
+        return excess / self.scale if self.scale else float("inf")
 
     def absolute(self) -> float:
-        return libmp.to_float(self.diff, rnd=ref.RND)
+        return max(libmp.to_float(self.diff, rnd=ref.RND) - UNDERFLOW, 0.0)
 
 
 def _larger(a: tuple, b: tuple) -> tuple:
@@ -147,12 +163,6 @@ def _enforce(observed: dict[str, float]) -> None:
             f"the fast golden failed certification against mpmath: {detail} above the limit {LIMIT:.3g}; "
             "compute this case with GoldenOptions(method='mpmath')"
         )
-
-
-def _dd_value(pair: tuple[np.ndarray, np.ndarray], index) -> tuple:
-    """``hi + lo`` of a double-double entry as an exact raw mpf."""
-    hi, lo = pair
-    return libmp.mpf_add(ref.mpf(hi[index]), ref.mpf(lo[index]))
 
 
 def _sample(batch: int, heads: int, rows: np.ndarray, count: int, rng: np.random.Generator) -> list[tuple[int, int, int]]:

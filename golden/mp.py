@@ -12,7 +12,7 @@ backward) without tiling are
     O_i   = sum_j P_ij v_j                        (0 if J_i is empty)
     D_i   = sum_c dO_ic O_ic                      (from this O, never rounded to float64)
     dP_ij = dO_i . v_j
-    dS_ij = P_ij (dP_ij - D_i)
+    dS_ij = P_ij (dP_ij - D_i)                    (see _query_row for the form evaluated)
     dQ_i  = scale sum_j dS_ij k_j
     dK_j  = scale sum_{h in group(g)} sum_i dS^h_ij q^h_i
     dV_j  = sum_{h in group(g)} sum_i P^h_ij dO^h_i
@@ -102,20 +102,27 @@ def attention_mpf(ctx, q: Sequence[Matrix], k: Sequence[Matrix], v: Sequence[Mat
 
 
 def _query_row(ctx, q_row, k, v, k_cols, v_cols, keys, dout_row, scale) -> dict:
-    """Forward (and backward) quantities of one query row that sees ``keys``."""
+    """Forward (and backward) quantities of one query row that sees ``keys``.
+
+    ``dP_j - D`` is evaluated as ``(dP_j - r) - sum_l P_l (dP_l - r)`` with ``r``
+    the ``dP`` of the row's largest score (equal since ``sum_l P_l = 1``), which
+    keeps its relative accuracy when the softmax is peaked (:mod:`golden.fast`).
+    """
     s = [ctx.fdot(q_row, k[j]) * scale for j in keys]
-    row_max = max(s)
-    e = [ctx.exp(x - row_max) for x in s]
+    pivot = max(range(len(s)), key=s.__getitem__)
+    e = [ctx.exp(x - s[pivot]) for x in s]
     ell = ctx.fsum(e)
     p = [x / ell for x in e]
     out = [ctx.fdot(p, [col[j] for j in keys]) for col in v_cols]
-    row = {"out": out, "lse": row_max + ctx.log(ell), "p": p}
+    row = {"out": out, "lse": s[pivot] + ctx.log(ell), "p": p}
     if dout_row is None:
         return {**row, "delta": None, "dq": None, "ds": []}
-    delta = ctx.fdot(dout_row, out)
-    ds = [p_j * (ctx.fdot(dout_row, v[j]) - delta) for p_j, j in zip(p, keys)]
+    dp = [ctx.fdot(dout_row, v[j]) for j in keys]
+    shifted = [x - dp[pivot] for x in dp]
+    offset = ctx.fdot(p, shifted)
+    ds = [p_j * (x - offset) for p_j, x in zip(p, shifted)]
     dq = [scale * ctx.fdot(ds, [col[j] for j in keys]) for col in k_cols]
-    return {**row, "delta": delta, "dq": dq, "ds": ds}
+    return {**row, "delta": ctx.fdot(dout_row, out), "dq": dq, "ds": ds}
 
 
 def _key_rows(ctx, q, k, dout, weights, group, head_dim, scale):

@@ -10,9 +10,8 @@ differs is how they are evaluated:
   integer: int64 products of limbs cannot overflow, and the partial results
   are combined as Python ints (:func:`dot`);
 * a vector of mpf weights (``P`` or ``dS``) becomes integer limbs on a common
-  exponent (terms below ``2**-(2 precision + 64)`` of the largest are dropped,
-  as ``mpmath.fsum`` does), so ``sum_j P_ij v_j`` and ``sum_j dS_ij k_j`` are
-  exact too and rounded once;
+  exponent (dropping only terms far below float64's range), so
+  ``sum_j P_ij v_j`` and ``sum_j dS_ij k_j`` are exact too and rounded once;
 * ``exp``, ``log``, division and every rounding are mpmath's (``libmp``,
   round to nearest) at ``precision_bits``; ``D_i`` is the exact dot product
   of ``dO_i`` with the exact ``O_i`` of the rounded ``P``.
@@ -26,16 +25,16 @@ for why the fast path's values may be used there).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 from mpmath import libmp
 
 RND = libmp.round_nearest
 
-#: Bits per int64 limb: a product of two limbs is below 2**44, so a dot product
-#: of up to 2**19 terms cannot overflow (the fast path's seqlen_q * seqlen_k
-#: memory keeps every sequence far shorter).
-LIMB_BITS = 22
+#: Bits per int64 limb: a product of two limbs is below 2**40, so int64 holds
+#: any sum of fewer than 2**23 of them (:func:`dot` checks, else uses Python ints).
+LIMB_BITS = 20
 _LIMB_MASK = (1 << LIMB_BITS) - 1
 
 
@@ -69,7 +68,8 @@ class Row:
 
     The magnitudes are the scales certification measures errors against:
     ``sum_j P_ij |v_jc|`` for ``out``, ``max_j |S_ij|`` for ``lse``,
-    ``sum_c |dO_ic O_ic|`` for ``delta``, ``|scale| sum_j |dS_ij k_jc|`` for ``dq``,
+    ``sum_c |dO_ic O_ic|`` for ``delta``, ``sum_j P_ij |dP_ij - r_i|`` for the
+    offset ``D_i - r_i``, ``|scale| sum_j |dS_ij k_jc|`` for ``dq``,
     ``|scale| sum_i |dS_ij q_ic|`` for ``dk`` and ``sum_i P_ij |dO_ic|`` for ``dv``.
     """
 
@@ -103,13 +103,32 @@ def exact(x: np.ndarray) -> Exact:
 
 def dot(a: Exact, b: Exact) -> tuple:
     """``(ints, exponent)`` of the exact product ``a @ b`` (numpy matmul shapes, Python ints)."""
-    total = 0
+    return _combine(a, b, np.matmul)
+
+
+def row_dot(a: Exact, b: Exact) -> tuple:
+    """``(ints, exponent)`` of the exact ``sum(a * b, axis=-1)``."""
+    return _combine(a, b, lambda x, y: np.sum(x * y, axis=-1))
+
+
+def _combine(a: Exact, b: Exact, product) -> tuple:
+    """Sum the limb products per power of two, in int64 where that cannot overflow, then as Python ints."""
+    terms = a.limbs.shape[-1] * min(len(a.limbs), len(b.limbs))
+    in_int64 = terms < 2 ** (63 - 2 * LIMB_BITS)
+    by_shift: dict[int, np.ndarray] = {}
     for i, a_limb in enumerate(a.limbs):
         for j, b_limb in enumerate(b.limbs):
-            part = a_limb @ b_limb
-            part = part.astype(object) if isinstance(part, np.ndarray) else int(part)
-            total = total + (part << (LIMB_BITS * (i + j)))
+            part = product(a_limb, b_limb)
+            part = part if in_int64 else _python_ints(part)
+            by_shift[i + j] = by_shift[i + j] + part if i + j in by_shift else part
+    total = 0
+    for shift in range(max(by_shift), -1, -1):
+        total = (total << LIMB_BITS) + _python_ints(by_shift[shift])
     return total, a.exponent + b.exponent
+
+
+def _python_ints(x):
+    return x.astype(object) if isinstance(x, np.ndarray) else int(x)
 
 
 def mpf(value: float) -> tuple:
@@ -117,8 +136,15 @@ def mpf(value: float) -> tuple:
     return libmp.from_float(float(value))
 
 
-def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None, scale: float, prec: int) -> Row:
-    """``out``, ``lse`` (and ``delta``, ``dq``) of one query row; ``k``, ``v`` hold only the keys it sees."""
+def query_row(
+    q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None, scale: float, prec: int, pivot: int
+) -> Row:
+    """``out``, ``lse`` (and ``delta``, ``offset``, ``dq``) of one query row.
+
+    ``k``, ``v`` hold only the keys the row sees; ``pivot`` indexes one of them,
+    whose ``r = dP_pivot`` anchors ``dP_j - D = (dP_j - r) - offset`` with
+    ``offset = D - r = sum_j P_j (dP_j - r)`` (:mod:`golden.fast`, step 4).
+    """
     scores, score_exp = dot(k, exact(q_row))
     top = max(scores) if scale >= 0 else min(scores)
     scale_mpf = mpf(scale)
@@ -127,80 +153,94 @@ def query_row(q_row: np.ndarray, k: Exact, v: Exact, dout_row: np.ndarray | None
     row_max = libmp.mpf_mul(libmp.from_man_exp(top, score_exp), scale_mpf, prec, RND)
     lse = libmp.mpf_add(row_max, libmp.mpf_log(ell, prec, RND), prec, RND)
     p_values = [libmp.mpf_div(x, ell, prec, RND) for x in e]
-    p = _weights(p_values, prec)
+    p = _weights(p_values, v)
     out_ints, out_exp = dot(p, v)
     out = [libmp.from_man_exp(o, out_exp, prec, RND) for o in out_ints]
     values = {"out": out, "lse": lse}
-    magnitudes = {
-        "out": np.abs(p.values) @ np.abs(v.values),
-        "lse": abs(scale) * np.max(np.abs(k.values @ q_row)),
-    }
-    if dout_row is not None:
-        dout_x = exact(dout_row)
-        delta = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
-        dp, dp_exp = dot(v, dout_x)
-        ds = _weights(
-            [
-                libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(dp_j, dp_exp), delta, prec, RND), prec, RND)
-                for p_j, dp_j in zip(p_values, dp)
-            ],
-            prec,
-        )
-        dq_ints, dq_exp = dot(ds, k)
-        values["delta"] = delta
-        values["dq"] = [libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in dq_ints]
-        out_float = np.array([libmp.to_float(o) for o in out])
-        magnitudes["delta"] = np.abs(dout_row) @ np.abs(out_float)
-        magnitudes["dq"] = abs(scale) * (np.abs(ds.values) @ np.abs(k.values))
+    magnitudes = {"out": p.values @ np.abs(v.values), "lse": abs(scale) * np.max(np.abs(k.values @ q_row))}
+    if dout_row is None:
+        return Row(values, magnitudes)
+    dout_x = exact(dout_row)
+    values["delta"] = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
+    dp, dp_exp = dot(v, dout_x)
+    shifted = dp - dp[pivot]
+    offset = libmp.mpf_sum([libmp.mpf_mul(p_j, libmp.from_man_exp(x, dp_exp)) for p_j, x in zip(p_values, shifted)], prec, RND)
+    ds = _ds(p_values, shifted, dp_exp, [offset] * len(p_values), prec, k)
+    dq_ints, dq_exp = dot(ds, k)
+    values.update(
+        offset=offset, dq=[libmp.mpf_mul(libmp.from_man_exp(x, dq_exp), scale_mpf, prec, RND) for x in dq_ints]
+    )
+    shifted_values = v.values @ dout_row - v.values[pivot] @ dout_row
+    magnitudes.update(
+        delta=np.abs(dout_row) @ np.abs(np.array([libmp.to_float(o) for o in out])),
+        offset=p.values @ np.abs(shifted_values),
+        dq=abs(scale) * (np.abs(ds.values) @ np.abs(k.values)),
+    )
     return Row(values, magnitudes)
 
 
-def key_row(k_row: np.ndarray, v_row: np.ndarray, heads, scale: float, prec: int) -> Row:
-    """``dk`` and ``dv`` of one key row.
+def key_row(k_row: np.ndarray, v: Exact, key: int, heads, scale: float, prec: int) -> Row:
+    """``dk`` and ``dv`` of key ``key`` of the kv head whose values are ``v``.
 
-    ``heads``: for each query head of the kv head's group, ``(q, dout, lse, delta)``
+    ``heads``: for each query head of the group, ``(q, dout, lse, pivots, offsets)``
     restricted to the queries that see the key: ``q``, ``dout`` as :class:`Exact`,
-    ``lse`` and ``delta`` as lists of raw mpf.  With
-    ``P_ij = exp(S_ij - LSE_i)``: ``dV_j = sum P_ij dO_i``,
-    ``dK_j = scale sum P_ij (dP_ij - D_i) q_i``.
+    ``lse`` and ``offsets`` as lists of raw mpf, ``pivots`` the key index of each
+    query's pivot.  With ``P_ij = exp(S_ij - LSE_i)`` and
+    ``dP_ij - D_i = (dP_ij - dP_{i,pivot(i)}) - offset_i``:
+    ``dV_j = sum_i P_ij dO_i``, ``dK_j = scale sum_i P_ij (dP_ij - D_i) q_i``.
     """
-    k_x, v_x = exact(k_row), exact(v_row)
+    k_x = exact(k_row)
     scale_mpf = mpf(scale)
     dk_parts, dv_parts = [], []
     dk_magnitude = dv_magnitude = 0.0
-    for q, dout, lse, delta in heads:
+    for q, dout, lse, pivots, offsets in heads:
         scores, score_exp = dot(q, k_x)
-        p = [
+        p_values = [
             libmp.mpf_exp(
                 libmp.mpf_sub(libmp.mpf_mul(libmp.from_man_exp(s, score_exp), scale_mpf), lse_i, prec, RND), prec, RND
             )
             for s, lse_i in zip(scores, lse)
         ]
-        dp, dp_exp = dot(dout, v_x)
-        ds = [
-            libmp.mpf_mul(p_i, libmp.mpf_sub(libmp.from_man_exp(dp_i, dp_exp), delta_i, prec, RND), prec, RND)
-            for p_i, dp_i, delta_i in zip(p, dp, delta)
-        ]
-        p_x, ds_x = _weights(p, prec), _weights(ds, prec)
-        dv_ints, dv_exp = dot(p_x, dout)
-        dk_ints, dk_exp = dot(ds_x, q)
+        dp, dp_exp = dot(dout, v.rows(key))
+        anchors, _ = row_dot(dout, v.rows(pivots))
+        p = _weights(p_values, dout)
+        ds = _ds(p_values, dp - anchors, dp_exp, offsets, prec, q)
+        dv_ints, dv_exp = dot(p, dout)
+        dk_ints, dk_exp = dot(ds, q)
         dv_parts.append([libmp.from_man_exp(x, dv_exp) for x in dv_ints])
         dk_parts.append([libmp.from_man_exp(x, dk_exp) for x in dk_ints])
-        dv_magnitude = dv_magnitude + np.abs(p_x.values) @ np.abs(dout.values)
-        dk_magnitude = dk_magnitude + abs(scale) * (np.abs(ds_x.values) @ np.abs(q.values))
+        dv_magnitude = dv_magnitude + p.values @ np.abs(dout.values)
+        dk_magnitude = dk_magnitude + abs(scale) * (np.abs(ds.values) @ np.abs(q.values))
     dv = [libmp.mpf_sum(parts, prec, RND) for parts in zip(*dv_parts)]
     dk = [libmp.mpf_mul(libmp.mpf_sum(parts), scale_mpf, prec, RND) for parts in zip(*dk_parts)]
     return Row({"dk": dk, "dv": dv}, {"dk": dk_magnitude, "dv": dv_magnitude})
 
 
-def _weights(values: list, prec: int) -> Exact:
-    """Raw mpf values as exact limbs, dropping those below 2**-(2 prec + 64) of the largest."""
-    approximations = np.array([libmp.to_float(x) for x in values])
-    tops = [exp + bc for _, man, exp, bc in values if man]
+def _ds(p_values: list, shifted: np.ndarray, shifted_exp: int, offsets: list, prec: int, other: Exact) -> Exact:
+    """``dS_j = P_j ((dP_j - r_j) - offset_j)`` as weights for ``other``; ``shifted`` holds ``dP_j - r_j`` as ints."""
+    return _weights(
+        [
+            libmp.mpf_mul(p_j, libmp.mpf_sub(libmp.from_man_exp(x, shifted_exp), offset, prec, RND), prec, RND)
+            for p_j, x, offset in zip(p_values, shifted, offsets)
+        ],
+        other,
+    )
+
+
+def _weights(values: list, other: Exact) -> Exact:
+    """Raw mpf weights of a sum ``sum_j w_j other_j`` as exact limbs.
+
+    A weight whose every term is below ``2**-(1086 + log2 n)`` is dropped:
+    all of them together change the sum by less than ``2**-1086``, far below
+    float64's smallest normal number (the certification ignores differences
+    below that, :data:`golden.certify.UNDERFLOW`).
+    """
+    peak = float(np.max(np.abs(other.values))) if other.values.size else 0.0
+    floor = -1086 - math.ceil(math.log2(max(len(values), 1))) - math.frexp(peak)[1]
+    kept = [v if peak and v[1] and v[2] + v[3] > floor else libmp.fzero for v in values]
+    tops = [exp + bc for _, man, exp, bc in kept if man]
     if not tops:
-        return Exact(np.zeros((1, len(values)), dtype=np.int64), 0, approximations)
-    floor = max(tops) - 2 * prec - 64
-    kept = [v if v[1] and v[2] + v[3] > floor else libmp.fzero for v in values]
+        return Exact(np.zeros((1, len(values)), dtype=np.int64), 0, np.zeros(len(values)))
     base = min(exp for _, man, exp, _ in kept if man)
     count = -(-(max(tops) - base) // LIMB_BITS)
     limbs = np.zeros((count, len(values)), dtype=np.int64)
@@ -209,4 +249,5 @@ def _weights(values: list, prec: int) -> Exact:
         for index in range(count):
             limbs[index, column] = -(magnitude & _LIMB_MASK) if sign else magnitude & _LIMB_MASK
             magnitude >>= LIMB_BITS
+    approximations = sum(np.ldexp(limb.astype(np.float64), LIMB_BITS * index + base) for index, limb in enumerate(limbs))
     return Exact(limbs, base, approximations)

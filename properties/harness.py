@@ -21,7 +21,7 @@ import time
 from typing import Callable
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from properties import profiles
@@ -91,6 +91,16 @@ class SearchResult:
     examples: int
     seconds: float
     message: str
+
+
+def catch_settings(profile: profiles.Profile) -> settings:
+    """``profile``'s settings for hunting a known-broken kernel: stop at the first failure, no shrinking."""
+    return settings(
+        profiles.settings_for(profile, database_dir=None),
+        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target),
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
 
 
 def search(test: Callable, suite: Suite, search_settings: settings) -> SearchResult:

@@ -211,8 +211,9 @@ class Summary:
             elif key == _OBSERVED and report.when == "call":
                 self.seconds += report.duration
                 test = report.nodeid.split("::")[-1]
-                for record in json.loads(value):
-                    self.examples += record["examples"]
+                records = json.loads(value)
+                self.examples += max((record["examples"] for record in records), default=0)
+                for record in records:
                     current = self.worst.get((test, record["label"]))
                     if current is None or float(record["score"]) > float(current["score"]):
                         self.worst[(test, record["label"])] = record

@@ -47,7 +47,7 @@ def _decode(value: float | str) -> float:
     return float(value)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(repr=False)
 class Suite:
     """The kernel under test and the run's settings; ``golden_options`` are passed to ``golden.compute``."""
 
@@ -56,6 +56,9 @@ class Suite:
     profile: Profile
     golden_options: Any = None
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
 
     @property
     def limits(self) -> Limits:

@@ -17,10 +17,9 @@ import subprocess
 
 import pytest
 
+from tests.test_report_allure import ROOT, run_inner_suite
 from verify import cli
 from verify.allure_report import CHECKOUT_ALLURE
-
-from tests.test_report_allure import ROOT, run_inner_suite
 
 CHECK_SCRIPT = ROOT / "ci" / "allure-check.mjs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
@@ -47,7 +46,9 @@ def test_report_shows_the_error_histograms_in_headless_chromium(tmp_path, capsys
     screenshot = tmp_path / "allure-report.png"
     completed = subprocess.run(
         ["node", str(CHECK_SCRIPT), str(report), "--screenshot", str(screenshot), "--chromium", CHROMIUM],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     summary = json.loads(completed.stdout)

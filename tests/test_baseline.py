@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 
+from tests.test_gate import COMMITTED, cases, summarize
 from verify import baseline as baselines
 from verify import cli, gate
 from verify.corpus import load_corpus
 from verify.errors import BaselineError
-
-from tests.test_gate import cases, summarize
-
-COMMITTED = str(pathlib.Path(__file__).resolve().parents[1] / "golden" / "baselines" / "reference-cpu.json")
 
 
 def test_round_trip_keeps_every_field(tmp_path):
@@ -47,15 +43,21 @@ def _with(path, item):
     "content, message",
     [
         pytest.param(None, "does not exist", id="missing"),
-        pytest.param("{\"schema\": ", "corrupt: not valid JSON", id="truncated"),
+        pytest.param('{"schema": ', "corrupt: not valid JSON", id="truncated"),
         pytest.param("[]", "not a fa2-verify/baseline file", id="not-an-object"),
-        pytest.param(json.dumps({"schema": "fa2-verify/tolerance"}), "not a fa2-verify/baseline file", id="other-schema"),
+        pytest.param(
+            json.dumps({"schema": "fa2-verify/tolerance"}), "not a fa2-verify/baseline file", id="other-schema"
+        ),
         pytest.param(_with(["schema_version"], 2), "schema_version=2, this fa2-verify reads 1", id="schema-version"),
         pytest.param(_without("corpus"), "missing field 'corpus'", id="no-corpus"),
         pytest.param(_with(["cases", "a", "status"], "flaky"), "has status 'flaky'", id="status"),
         pytest.param(_with(["cases", "a", "outputs", "out"], "yes"), "true/false", id="output-verdict"),
-        pytest.param(_with(["groups", 0, "quantiles", "normalized", "max"], "nan"), "negative or NaN", id="nan-quantile"),
-        pytest.param(_with(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}), "exactly the quantiles", id="quantiles"),
+        pytest.param(
+            _with(["groups", 0, "quantiles", "normalized", "max"], "nan"), "negative or NaN", id="nan-quantile"
+        ),
+        pytest.param(
+            _with(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}), "exactly the quantiles", id="quantiles"
+        ),
         pytest.param(_with(["groups", 0, "jitter"], {}), "must map exactly", id="jitter"),
         pytest.param(_with(["capabilities"], []), "Capabilities.as_dict()", id="capabilities"),
     ],
@@ -76,7 +78,9 @@ def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):
     assert "exists: pass --overwrite" in capsys.readouterr().err
     assert cli.main(["baseline", "--kernel", "reference", "--out", str(tmp_path / "n.json"), "--repeats", "0"]) == 2
     assert "--repeats=0" in capsys.readouterr().err
-    assert cli.main(["baseline", "--kernel", "reference", "--out", str(tmp_path / "n.json"), "--dtypes", "float64"]) == 2
+    assert (
+        cli.main(["baseline", "--kernel", "reference", "--out", str(tmp_path / "n.json"), "--dtypes", "float64"]) == 2
+    )
     assert "--dtypes=float64: the corpus has no float64 case" in capsys.readouterr().err
     assert cli.main(["gate", "--kernel", "reference", "--baseline", str(tmp_path / "none.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
@@ -85,7 +89,9 @@ def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):
 def test_committed_reference_baseline_matches_the_bundled_corpus():
     baseline = baselines.load_baseline(COMMITTED)
     corpus = load_corpus()
-    gate.check_compatible(baseline, kernel="reference", device="cpu", corpus=corpus, dtypes=corpus.dtypes(), source=COMMITTED)
+    gate.check_compatible(
+        baseline, kernel="reference", device="cpu", corpus=corpus, dtypes=corpus.dtypes(), source=str(COMMITTED)
+    )
     assert set(baseline.cases) == {spec.name for spec in corpus.cases}
     assert all(case.status == "passed" for case in baseline.cases.values())
 
@@ -93,8 +99,17 @@ def test_committed_reference_baseline_matches_the_bundled_corpus():
 @pytest.mark.slow
 def test_reference_passes_the_gate_against_its_committed_baseline(tmp_path, capsys):
     code = cli.main(
-        ["gate", "--kernel", "reference", "--baseline", COMMITTED, "--golden-cache", str(tmp_path / "cache"),
-         "--markdown", str(tmp_path / "gate.md")]
+        [
+            "gate",
+            "--kernel",
+            "reference",
+            "--baseline",
+            str(COMMITTED),
+            "--golden-cache",
+            str(tmp_path / "cache"),
+            "--markdown",
+            str(tmp_path / "gate.md"),
+        ]
     )
     out = capsys.readouterr().out
     assert code == 0, out

@@ -58,8 +58,12 @@ GOOD = {"schema_version": 1, "corpus_version": 1, "cases": [dict(SPEC.to_dict(),
         pytest.param(dict(GOOD, corpus_version=0), "corpus_version=0", id="version-zero"),
         pytest.param(dict(GOOD, cases=[dict(SPEC.to_dict(), name="")]), "has no name", id="unnamed"),
         pytest.param(dict(GOOD, cases=[dict(SPEC.to_dict(), name="a")] * 2), "used by cases #0 and #1", id="duplicate"),
-        pytest.param(dict(GOOD, cases=[dict(SPEC.to_dict(), name="a", generator="nope")]), "generator='nope'", id="generator"),
-        pytest.param(dict(GOOD, cases=[dict(SPEC.to_dict(), name="a", colour=1)]), "unknown fields", id="unknown-field"),
+        pytest.param(
+            dict(GOOD, cases=[dict(SPEC.to_dict(), name="a", generator="nope")]), "generator='nope'", id="generator"
+        ),
+        pytest.param(
+            dict(GOOD, cases=[dict(SPEC.to_dict(), name="a", colour=1)]), "unknown fields", id="unknown-field"
+        ),
         pytest.param(dict(GOOD, cases=[{"name": "a"}]), "case #0", id="incomplete"),
         pytest.param(dict(GOOD, cases=["a"]), "expected a case spec object", id="not-a-spec"),
     ],

@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pathlib
 
 import pytest
 import torch
 
 from kernels.contract import Capabilities, visible_mask
+from tests.test_report import synthetic_result, synthetic_run
 from verify import baseline as baselines
 from verify import cli, gate
 from verify.corpus import Corpus, load_corpus, save_corpus
 from verify.errors import BaselineError, UsageError
 from verify.registry import LoadedKernel, load_kernel
 from verify.report_markdown import render_gate
-
-from tests.test_report import synthetic_result, synthetic_run
 
 CAPABILITIES = Capabilities(dtypes={"cpu": ("float16", "float32")}, head_dims=(32, 64), deterministic_backward=True)
 
@@ -60,7 +60,10 @@ def test_same_run_passes_with_no_finding():
 def test_doubled_out_error_fails_naming_the_quantiles_and_the_rise():
     result = gate.compare(summarize(*cases()), summarize(*cases(a=2.0, b=2.0, c=2.0)))
     assert not result.passed
-    assert {finding.where for finding in result.regressions} == {"float16/out/none normalized", "float16/out/causal normalized"}
+    assert {finding.where for finding in result.regressions} == {
+        "float16/out/none normalized",
+        "float16/out/causal normalized",
+    }
     assert {note.where for note in result.notes} == {"float16/out/none ulp", "float16/out/causal ulp"}
     text = gate.format_result(result, source="b.json")
     assert "FAILED with 2 regression(s)" in text
@@ -92,7 +95,9 @@ def test_a_newly_failing_case_and_a_new_error_fail():
     failing = cases()
     failing[1] = synthetic_result("b", seed=2, scales={"out": 0.3, "dq": 5.0})
     result = gate.compare(summarize(*cases()), summarize(*failing))
-    assert "new-failure: case b: dq now mismatch(es) the golden (was passed)" in [f.explain() for f in result.regressions]
+    assert "new-failure: case b: dq now mismatch(es) the golden (was passed)" in [
+        f.explain() for f in result.regressions
+    ]
     erroring = cases()
     erroring[0] = synthetic_result("a", status="error", reason="synthetic.backward raised RuntimeError: boom")
     result = gate.compare(summarize(*cases()), summarize(*erroring))
@@ -147,9 +152,16 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
     gate.check_compatible(baseline, kernel="synthetic", device="cpu", corpus=corpus, dtypes=("float16",), source="b")
     other = Corpus(version=2, cases=(dataclasses.replace(corpus.cases[0], seed=7), *corpus.cases[1:]))
     with pytest.raises(BaselineError) as raised:
-        gate.check_compatible(baseline, kernel="triton", device="cpu", corpus=other, dtypes=("float16", "float32"), source="b")
+        gate.check_compatible(
+            baseline, kernel="triton", device="cpu", corpus=other, dtypes=("float16", "float32"), source="b"
+        )
     message = str(raised.value)
-    for expected in ("kernel 'synthetic' != 'triton'", "corpus version 1 != 2", "corpus digest", "dtypes 'float16' != 'float16,float32'"):
+    for expected in (
+        "kernel 'synthetic' != 'triton'",
+        "corpus version 1 != 2",
+        "corpus digest",
+        "dtypes 'float16' != 'float16,float32'",
+    ):
         assert expected in message
 
 
@@ -179,6 +191,8 @@ class DoubledOutError:
 
 DOUBLED_OUT_ERROR = DoubledOutError()
 
+COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "golden" / "baselines" / "reference-cpu.json"
+
 #: A few corpus cases, small and fast on the CPU: float16 and float32, none/causal/window, GQA/MQA.
 E2E_CASES = ("f16-causal-mqa-empty-rows", "f16-window-gqa", "f32-none-uniform-tiny", "f32-window-mqa")
 
@@ -191,8 +205,8 @@ def small_corpus(tmp_path_factory):
     return save_corpus(corpus, directory / "corpus.json"), directory / "golden-cache"
 
 
-def _cli(*arguments, corpus, cache) -> list[str]:
-    return [*arguments, "--device", "cpu", "--corpus", str(corpus), "--golden-cache", str(cache)]
+def _cli(*arguments, corpus, cache, device="cpu") -> list[str]:
+    return [*arguments, "--device", device, "--corpus", str(corpus), "--golden-cache", str(cache)]
 
 
 def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_error(
@@ -204,7 +218,9 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
     assert cli.main(_cli("baseline", "--kernel", name, "--out", str(base), corpus=corpus, cache=cache)) == 0
     runs = [tmp_path / "run1.json", tmp_path / "run2.json"]
     for run in runs:
-        code = cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), "--out", str(run), corpus=corpus, cache=cache))
+        code = cli.main(
+            _cli("gate", "--kernel", name, "--baseline", str(base), "--out", str(run), corpus=corpus, cache=cache)
+        )
         assert code == 0
     out = capsys.readouterr().out
     assert out.count("(corpus version 1, 4 cases): PASSED") == 2 and "REGRESSION" not in out
@@ -213,7 +229,9 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
 
     monkeypatch.setattr(DOUBLED_OUT_ERROR, "degrade", True)
     markdown = tmp_path / "gate.md"
-    code = cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), "--markdown", str(markdown), corpus=corpus, cache=cache))
+    code = cli.main(
+        _cli("gate", "--kernel", name, "--baseline", str(base), "--markdown", str(markdown), corpus=corpus, cache=cache)
+    )
     assert code == 1
     out = capsys.readouterr().out
     regressions = [line for line in out.splitlines() if line.startswith("  REGRESSION")]
@@ -226,16 +244,69 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
 def test_gate_refuses_a_baseline_of_another_kernel_before_running(small_corpus, tmp_path, capsys):
     corpus, cache = small_corpus
     base = tmp_path / "baseline.json"
-    assert cli.main(_cli("baseline", "--kernel", "reference", "--out", str(base), "--dtypes", "float32", corpus=corpus, cache=cache)) == 0
+    assert (
+        cli.main(
+            _cli(
+                "baseline",
+                "--kernel",
+                "reference",
+                "--out",
+                str(base),
+                "--dtypes",
+                "float32",
+                corpus=corpus,
+                cache=cache,
+            )
+        )
+        == 0
+    )
     code = cli.main(_cli("gate", "--kernel", "reference-eager", "--baseline", str(base), corpus=corpus, cache=cache))
     assert code == 2
     err = capsys.readouterr().err
     assert "kernel 'reference' != 'reference-eager'" in err and err.count("\n") == 1
-    code = cli.main(_cli("gate", "--kernel", "reference", "--baseline", str(base), "--dtypes", "float16,float32", corpus=corpus, cache=cache))
+    code = cli.main(
+        _cli(
+            "gate",
+            "--kernel",
+            "reference",
+            "--baseline",
+            str(base),
+            "--dtypes",
+            "float16,float32",
+            corpus=corpus,
+            cache=cache,
+        )
+    )
     assert code == 2 and "dtypes 'float32' != 'float16,float32'" in capsys.readouterr().err
 
 
 def test_gate_cli_bad_margin_is_a_usage_error(small_corpus, capsys):
     corpus, cache = small_corpus
-    code = cli.main(_cli("gate", "--kernel", "reference", "--baseline", "x.json", "--floor", "ulp", corpus=corpus, cache=cache))
+    code = cli.main(
+        _cli("gate", "--kernel", "reference", "--baseline", "x.json", "--floor", "ulp", corpus=corpus, cache=cache)
+    )
     assert code == 2 and "--floor 'ulp' is not NAME=NUMBER" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_gate_on_a_missing_device_is_a_one_line_error(small_corpus, capsys):
+    corpus, cache = small_corpus
+    code = cli.main(
+        _cli("gate", "--kernel", "reference", "--baseline", str(COMMITTED), corpus=corpus, cache=cache, device="cuda")
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--device=cuda: no CUDA device is visible" in err and err.count("\n") == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["triton", "torch-flash"])
+def test_gpu_kernel_passes_its_own_baseline_recorded_with_repeats(name, small_corpus, tmp_path, capsys):
+    reason = load_kernel(name).unavailable_reason("cuda")
+    if reason is not None:
+        pytest.skip(f"{name} cannot run here: {reason}")
+    corpus, cache = small_corpus
+    base = tmp_path / "baseline.json"
+    arguments = {"corpus": corpus, "cache": cache, "device": "cuda"}
+    assert cli.main(_cli("baseline", "--kernel", name, "--out", str(base), "--repeats", "2", **arguments)) == 0
+    assert cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), **arguments)) == 0
+    assert "PASSED" in capsys.readouterr().out

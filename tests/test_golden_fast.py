@@ -111,20 +111,20 @@ def _corrupt(monkeypatch, name, factor=1 + 1e-9):
 
     def corrupted(problem):
         result = original(problem)
-        if name in ("lse_dd", "delta_dd"):
-            hi, lo = getattr(result, name)
-            return dataclasses.replace(result, **{name: (hi * factor, lo)})
+        if name == "lse_dd":
+            hi, lo = result.lse_dd
+            return dataclasses.replace(result, lse_dd=(hi * factor, lo))
         return dataclasses.replace(result, **{name: getattr(result, name) * factor})
 
     monkeypatch.setattr(fast, "attention", corrupted)
 
 
-@pytest.mark.parametrize("name", ["out", "lse", "dq", "dk", "dv", "delta", "lse_dd", "delta_dd"])
+@pytest.mark.parametrize("name", ["out", "lse", "dq", "dk", "dv", "delta", "lse_dd", "offset"])
 def test_certification_fails_on_a_corrupted_fast_path(monkeypatch, name):
     """A relative error of 1e-9 (far below float16's, far above the limit) in any output is caught."""
     q, k, v, dout = _case(heads_q=4, heads_kv=2)
     _corrupt(monkeypatch, name)
-    reported = {"lse_dd": "lse", "delta_dd": "d"}.get(name, name)
+    reported = {"lse_dd": "lse"}.get(name, name)
     with pytest.raises(GoldenError, match=rf"certification.*{reported}"):
         golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=FAST)
 
@@ -152,20 +152,28 @@ def test_rows_reference_agrees_with_plain_mpmath():
     problem = _problem(heads_q=2, heads_kv=1, seqlen_q=5, seqlen_k=6)
     ctx = mp.context(113)
     to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]  # noqa: E731
-    plain = mp.attention_mpf(
-        ctx, *(to_mpf(getattr(problem, n)[0]) for n in ("q", "k", "v", "dout")), mask=problem.mask, scale=ctx.mpf(0.45)
-    )
+    q, k, v, dout = (to_mpf(getattr(problem, n)[0]) for n in ("q", "k", "v", "dout"))
+    plain = mp.attention_mpf(ctx, q, k, v, dout, mask=problem.mask, scale=ctx.mpf(0.45))
+    scores = np.where(problem.mask, problem.q[0] @ problem.k[0, 0].T, -np.inf)
+    pivots = np.argmax(scores, axis=-1)
+    offsets = [
+        [plain["delta"][h][i] - ctx.fdot(dout[h][i], v[0][pivots[h, i]]) for i in range(5)] for h in range(2)
+    ]
     tolerance = ctx.ldexp(1, -105)
     k_x, v_x = rows.exact(problem.k[0, 0]), rows.exact(problem.v[0, 0])
     for h in range(2):
         for i in range(5):
             keys = np.flatnonzero(problem.mask[i])
-            row = rows.query_row(problem.q[0, h, i], k_x.rows(keys), v_x.rows(keys), problem.dout[0, h, i], 0.45, 113)
-            for name in ("out", "dq"):
-                for got, want in zip(row.values[name], plain[name][h][i]):
+            pivot = int(np.searchsorted(keys, pivots[h, i]))
+            row = rows.query_row(
+                problem.q[0, h, i], k_x.rows(keys), v_x.rows(keys), problem.dout[0, h, i], 0.45, 113, pivot
+            )
+            expected = {"out": plain["out"][h][i], "dq": plain["dq"][h][i]}
+            expected.update(lse=[plain["lse"][h][i]], delta=[plain["delta"][h][i]], offset=[offsets[h][i]])
+            for name, want_row in expected.items():
+                got_row = row.values[name] if isinstance(row.values[name], list) else [row.values[name]]
+                for got, want in zip(got_row, want_row):
                     assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, h, i)
-            for name in ("lse", "delta"):
-                assert abs(ctx.mpf(row.values[name]) - plain[name][h][i]) <= tolerance * (1 + abs(plain[name][h][i]))
     for j in range(6):
         queries = np.flatnonzero(problem.mask[:, j])
         heads = [
@@ -173,11 +181,12 @@ def test_rows_reference_agrees_with_plain_mpmath():
                 rows.exact(problem.q[0, h]).rows(queries),
                 rows.exact(problem.dout[0, h]).rows(queries),
                 [plain["lse"][h][i]._mpf_ for i in queries],
-                [plain["delta"][h][i]._mpf_ for i in queries],
+                pivots[h, queries],
+                [offsets[h][i]._mpf_ for i in queries],
             )
             for h in range(2)
         ]
-        row = rows.key_row(problem.k[0, 0, j], problem.v[0, 0, j], heads, 0.45, 113)
+        row = rows.key_row(problem.k[0, 0, j], v_x, j, heads, 0.45, 113)
         for name in ("dk", "dv"):
             for got, want in zip(row.values[name], plain[name][0][j]):
                 assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, j)
@@ -204,23 +213,48 @@ def test_exact_dot_is_exact():
         assert Fraction(ints[i]) * Fraction(2) ** exponent == expected
 
 
-@pytest.mark.parametrize("spread", [0, 40, 1500], ids=["narrow", "wide", "extreme-exponents"])
-def test_dd_matmul_is_accurate(spread):
-    """hi + lo matches the exact product to 2**-60 of sum |a_ic b_cj|, whatever the exponent range."""
+@pytest.mark.parametrize(
+    "spread, tiny_row, coarse_b",
+    [(0, False, False), (120, False, False), (0, True, False), (0, False, True), (120, False, True)],
+    ids=["narrow", "wide", "tiny-row", "narrow-coarse-b", "wide-coarse-b"],
+)
+def test_dd_matmul_bound_holds(spread, tiny_row, coarse_b):
+    """|hi + lo - a @ b| <= 3 k 2**-53 min(2**-beta k 2**(e_i + f_j), sum_c |a_ic b_cj|) + 2**-53 |lo|.
+
+    ``coarse_b`` makes ``b`` a float16 (one slice); a row near 2**-960 takes
+    the ldexp path of the leading slice.
+    """
     rng = np.random.default_rng(spread)
-    a = rng.standard_normal((3, 40)) * np.exp2(rng.integers(-spread // 2, spread // 2 + 1, (3, 40)) // 3)
-    b = rng.standard_normal((40, 2)) * np.exp2(rng.integers(-spread // 2, spread // 2 + 1, (40, 2)) // 3)
-    if spread == 1500:
-        a[0] *= 2.0**-700
+    a = rng.standard_normal((3, 40)) * np.exp2(rng.integers(-spread, spread + 1, (3, 40)))
+    b = rng.standard_normal((40, 2)) * np.exp2(rng.integers(-spread // 10, spread // 10 + 1, (40, 2)))
+    if coarse_b:
+        b = b.astype(np.float16).astype(np.float64)
+    if tiny_row:
+        a[0] *= 2.0**-960
     hi, lo = eft.dd_matmul(a, b)
+    beta = eft.MIN_SLICE_BITS if coarse_b else (53 - 6) // 2
+    gamma = Fraction(3 * 40, 2**53)
     for i in range(3):
         for j in range(2):
             terms = [Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j])]
-            error = abs(Fraction(hi[i, j]) + Fraction(lo[i, j]) - sum(terms))
-            assert error <= Fraction(2) ** -60 * sum(abs(t) for t in terms)
+            top = 4 * Fraction(np.abs(a[i]).max()) * Fraction(np.abs(b[:, j]).max())
+            bound = gamma * min(Fraction(2) ** -beta * 40 * top, sum(abs(t) for t in terms))
+            assert abs(Fraction(hi[i, j]) + Fraction(lo[i, j]) - sum(terms)) <= bound + Fraction(abs(lo[i, j])) / 2**53
 
 
-def test_dot2_and_two_sum_two_prod_are_error_free():
+def test_dd_matmul_leading_product_is_exact():
+    """hi = a0 @ b0 is exact, so for float16-sized inputs that fit one slice, lo is exactly 0."""
+    rng = np.random.default_rng(5)
+    a = rng.integers(-1000, 1000, (4, 64)).astype(np.float64) * 2.0**-7
+    b = rng.integers(-1000, 1000, (64, 3)).astype(np.float64) * 2.0**-5
+    hi, lo = eft.dd_matmul(a, b)
+    assert not lo.any()
+    for i in range(4):
+        for j in range(3):
+            assert Fraction(hi[i, j]) == sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b[:, j]))
+
+
+def test_two_sum_and_two_prod_are_error_free():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal(50) * 1e3, rng.standard_normal(50) * 1e-7
     s, e = eft.two_sum(a, b)
@@ -228,8 +262,3 @@ def test_dot2_and_two_sum_two_prod_are_error_free():
     for i in range(50):
         assert Fraction(s[i]) + Fraction(e[i]) == Fraction(a[i]) + Fraction(b[i])
         assert Fraction(p[i]) + Fraction(f[i]) == Fraction(a[i]) * Fraction(b[i])
-    x, y = rng.standard_normal((2, 64)), rng.standard_normal((2, 64))
-    hi, lo = eft.dot2(x, y)
-    for r in range(2):
-        exact = sum(Fraction(u) * Fraction(w) for u, w in zip(x[r], y[r]))
-        assert abs(Fraction(hi[r]) + Fraction(lo[r]) - exact) <= Fraction(2) ** -100 * 64

@@ -13,8 +13,9 @@ import math
 import pytest
 import torch
 
-from verify import metrics
+from verify import cli, metrics
 from verify.case import CaseSpec
+from verify.commands import run as run_command
 from verify.errors import ReportError
 from verify.report_json import (
     SCHEMA_VERSION,
@@ -41,10 +42,18 @@ def synthetic_result(
     reason: str | None = None,
     seed: int = 0,
 ) -> CaseResult:
-    """A case whose every output has normalized error ``scale * pattern`` (pattern in [0, 1]), per output overridable."""
+    """A case whose outputs have normalized error ``scale * pattern``, pattern in [0, 1] (``scales`` per output)."""
     spec = CaseSpec(
-        batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=32, dtype=dtype, causal=causal,
-        seed=seed, name=name,
+        batch=1,
+        seqlen_q=8,
+        seqlen_k=8,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=32,
+        dtype=dtype,
+        causal=causal,
+        seed=seed,
+        name=name,
     )
     if status in ("unsupported", "error"):
         return CaseResult(spec=spec, kernel="synthetic", device="cpu", status=status, reason=reason)
@@ -65,10 +74,18 @@ def synthetic_result(
 
 
 def synthetic_run(*cases: CaseResult) -> RunResult:
-    return RunResult(kernel="synthetic", device="cpu", cases=list(cases), config={"block_m": 64}, thresholds={"out": 1.0})
+    return RunResult(
+        kernel="synthetic", device="cpu", cases=list(cases), config={"block_m": 64}, thresholds={"out": 1.0}
+    )
 
 
-ENVIRONMENT = {"device": "cpu", "device_name": "x86_64", "torch": "2.13.0", "triton": "3.9.0", "kernel_version": "fa2-verify 0.1.0"}
+ENVIRONMENT = {
+    "device": "cpu",
+    "device_name": "x86_64",
+    "torch": "2.13.0",
+    "triton": "3.9.0",
+    "kernel_version": "fa2-verify 0.1.0",
+}
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +107,9 @@ def test_groups_pool_histograms_and_take_the_worst_case_quantiles(run):
     none_out = next(g for g in report["groups"] if g["output"] == "out" and g["feature"] == "none")
     a, b = run.cases[0].comparisons["out"], run.cases[1].comparisons["out"]
     assert none_out["cases"] == 2 and none_out["elements"] == a.numel + b.numel
-    assert none_out["metrics"]["normalized"]["quantiles"]["max"] == max(a.normalized.quantiles["max"], b.normalized.quantiles["max"])
+    assert none_out["metrics"]["normalized"]["quantiles"]["max"] == max(
+        a.normalized.quantiles["max"], b.normalized.quantiles["max"]
+    )
     assert sum(none_out["metrics"]["normalized"]["histogram"]["counts"]) == a.numel + b.numel
     assert none_out["verdict"] == "passed"
     causal_dq = next(g for g in report["groups"] if g["output"] == "dq" and g["feature"] == "causal")
@@ -113,7 +132,9 @@ def test_report_lists_failures_with_reproduction_unsupported_and_environment(run
 
 
 def test_nothing_ran_is_not_a_pass():
-    report = build_tolerance_report(synthetic_run(synthetic_result("d", status="unsupported", reason="no")), environment={})
+    report = build_tolerance_report(
+        synthetic_run(synthetic_result("d", status="unsupported", reason="no")), environment={}
+    )
     assert report["verdict"] == "nothing-ran" and report["groups"] == []
 
 
@@ -179,3 +200,20 @@ def test_markdown_summary_has_verdict_table_failures_and_unsupported(run):
 def test_markdown_of_a_clean_run_says_passed():
     markdown = render_tolerance(build_tolerance_report(synthetic_run(synthetic_result("a")), environment={}))
     assert ": PASSED\n" in markdown and "Failures" not in markdown and "Unsupported" not in markdown
+
+
+def test_run_command_writes_tolerance_json_and_markdown(tmp_path, monkeypatch, capsys):
+    tiny = CaseSpec(batch=1, seqlen_q=5, seqlen_k=7, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", name="tiny")
+    monkeypatch.setattr(run_command, "FIXED_CASES", (tiny,))
+    summary = tmp_path / "summary.md"
+    arguments = ["run", "--kernel", "reference", "--report", str(tmp_path), "--markdown", str(summary)]
+    assert cli.main(arguments) == 0
+    report = load_tolerance_report(tmp_path / "tolerance.json")
+    assert report["verdict"] == "passed" and report["environment"]["kernel"] == "reference"
+    assert summary.read_text().startswith("## fa2-verify: `reference` on `cpu`: PASSED")
+    capsys.readouterr()
+    elsewhere = ["run", "--kernel", "reference", "--report", str(tmp_path / "other"), "--markdown", str(summary)]
+    assert cli.main(elsewhere) == 2
+    assert "summary.md exists: pass --overwrite" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+    assert cli.main([*arguments, "--overwrite"]) == 0

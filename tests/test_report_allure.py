@@ -19,12 +19,14 @@ import sys
 
 import pytest
 
+from tests.test_report import synthetic_result
 from verify import allure_report
+from verify.case import CaseSpec
 from verify.errors import ReportError, UsageError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
-INNER_TEST = '''
+INNER_TEST = """
 from hypothesis import given, settings, strategies as st
 
 from verify.case import CaseSpec, make_case
@@ -49,9 +51,9 @@ def test_outputs_match_golden(spec):
     result = check_case(load_kernel("reference"), make_case(spec))
     RESULTS.append(result)
     assert result.passed
-'''
+"""
 
-INNER_CONFTEST = '''
+INNER_CONFTEST = """
 import pytest
 
 from verify.allure_report import record_property_test
@@ -63,7 +65,7 @@ def pytest_runtest_call(item):
         return (yield)
     finally:
         record_property_test(item.name, item.module.RESULTS, kernel="reference", device="cpu")
-'''
+"""
 
 
 def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
@@ -75,7 +77,11 @@ def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
     environment = dict(os.environ, PYTHONPATH=str(ROOT))
     completed = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "--alluredir", str(results)],
-        cwd=directory, env=environment, capture_output=True, text=True, timeout=600,
+        cwd=directory,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return results
@@ -107,6 +113,8 @@ def test_one_result_with_kernel_device_dtype_feature_labels_and_parameters(allur
     parameters = {parameter["name"]: parameter["value"] for parameter in result["parameters"]}
     assert parameters["kernel"] == "'reference'" and parameters["unsupported"] == "0"
     assert int(parameters["examples"]) >= 2
+    excluded = {parameter["name"] for parameter in result["parameters"] if parameter.get("excluded")}
+    assert excluded == {"examples", "unsupported"}
 
 
 def test_attachments_are_made_once_per_test_not_per_example(allure_results):
@@ -127,6 +135,7 @@ def test_attachments_are_made_once_per_test_not_per_example(allure_results):
     assert len(rows) == 5 * examples
     assert {row["output"] for row in rows} == {"out", "lse", "dq", "dk", "dv"}
     assert all(float(row["normalized_max"]) <= float(row["threshold"]) for row in rows)
+    assert {CaseSpec.from_dict(json.loads(row["spec"])).name for row in rows} <= {"f16", "f16-causal-mqa", "f32-window"}
     json_body = next(a for a in attachments if a["name"].endswith(".json"))
     assert len(json.loads((allure_results / json_body["source"]).read_text())["cases"]) == examples
 
@@ -166,7 +175,5 @@ def test_a_java_allure_2_is_refused(tmp_path):
 
 
 def test_replayed_examples_count_once():
-    from tests.test_report import synthetic_result
-
     first, replay, other = synthetic_result("a", seed=1), synthetic_result("a", seed=1), synthetic_result("b", seed=2)
     assert allure_report.distinct_cases([first, other, replay]) == [replay, other]

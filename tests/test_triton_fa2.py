@@ -30,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
         (Environment(triton_installed=True, interpret=True, cuda_available=True), {"cpu": CPU_DTYPES}, None),
         (Environment(triton_installed=True, interpret=False, cuda_available=True), {"cuda": CUDA_DTYPES}, None),
     ],
-    ids=["no-triton", "cpu-no-interpreter", "interpreter", "interpreter-with-gpu", "gpu"],
+    ids=["no-triton", "cpu-no-interpreter", "interpreter", "interpreter-with-cuda", "cuda"],
 )
 def test_capabilities_follow_environment(env, dtypes, reason) -> None:
     """cpu only under TRITON_INTERPRET (float16/float32), cuda otherwise; the reason names the fix."""
@@ -114,7 +114,7 @@ BAD_VARLEN = {
                               cu_seqlens_k=torch.tensor([0, 4, 4, 9], dtype=torch.int32)),
                       UsageError, "cu_seqlens_q=.* is not 0 = c_0"),
     "max-seqlen": (_varlen(max_seqlen_q=3), UsageError, r"max_seqlen_q=3 is below the longest sequence \(5\)"),
-    "batch-mismatch": (_varlen(cu_seqlens_k=torch.tensor([0, 9], dtype=torch.int32)), UsageError,
+    "batch-mismatch": (_varlen(cu_seqlens_k=torch.tensor([0, 9], dtype=torch.int32), max_seqlen_k=9), UsageError,
                        "cu_seqlens_q has 3 offsets and cu_seqlens_k 2"),
 }
 

@@ -97,7 +97,7 @@ def comparison_fails_on_wrong_mask() -> None:
 
 
 def empty_rows_are_zero_with_infinite_lse() -> None:
-    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no key."""
+    """Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no key; and empty sequences."""
     kernel = _kernel()
     q, k, v, dout = make_inputs((1, 40, 7, 2, 1, 32), torch.float16)
     with poisoned("cpu"):
@@ -106,6 +106,14 @@ def empty_rows_are_zero_with_infinite_lse() -> None:
     assert not any(t.isnan().any() for t in (out, lse, dq, dk, dv)), "NaN in an output"
     assert (out[:, :33] == 0).all() and (dq[:, :33] == 0).all(), "an empty row is not 0"
     assert (lse[:, :, :33] == math.inf).all() and lse[:, :, 33:].isfinite().all(), "lse of empty rows is not +inf"
+    for seqlen_q, seqlen_k in ((0, 7), (5, 0)):
+        q, k, v, dout = make_inputs((2, seqlen_q, seqlen_k, 2, 1, 32), torch.float16)
+        with poisoned("cpu"):
+            out, lse = kernel.forward(q, k, v, softmax_scale=SCALE)
+            grads = kernel.backward(dout, q, k, v, out, lse, softmax_scale=SCALE)
+        assert (out.shape, lse.shape) == (q.shape, (2, 2, seqlen_q)), f"seqlen_q={seqlen_q}, seqlen_k={seqlen_k}"
+        assert (out == 0).all() and (lse == math.inf).all(), f"seqlen_k={seqlen_k}: out/lse of rows seeing nothing"
+        assert all((g == 0).all() and g.shape == t.shape for g, t in zip(grads, (q, k, v))), "grads of empty input"
 
 
 def varlen_matches_per_sequence() -> None:

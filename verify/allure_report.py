@@ -8,11 +8,13 @@ That adds to the test's single Allure result
 * labels ``kernel``, ``device``, and one ``dtype`` and one ``feature`` label
   per value seen (:meth:`verify.case.CaseSpec.feature`);
 * parameters ``kernel``, ``device``, ``examples`` (cases compared) and
-  ``unsupported`` (cases skipped with their reason);
+  ``unsupported`` (cases skipped with their reason), the last two excluded
+  from Allure's history id, so a test keeps its history across runs;
 * one PNG per output: the normalized-error and ULP histograms over every
   example (:func:`verify.plots.histogram_png`; docs/error-model.md);
 * the data as CSV (one row per case and output, with quantiles) and as JSON
-  (every :meth:`CaseResult.to_dict`).
+  (every :meth:`CaseResult.to_dict`); each CSV row ends with its case spec
+  JSON, the argument of ``fa2-verify repro --case``.
 
 Without ``--alluredir`` nothing is drawn or attached.  :func:`generate_html`
 turns a results directory into an HTML report with Allure 3 (the npm package
@@ -29,7 +31,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verify.errors import ReportError, UsageError
 from verify.metrics import QUANTILES
@@ -58,7 +61,7 @@ def _distinct(values) -> list[str]:
     return sorted(set(values))
 
 
-def label_test(results: Sequence["CaseResult"], *, kernel: str, device: str) -> None:
+def label_test(results: Sequence[CaseResult], *, kernel: str, device: str) -> None:
     """Labels and parameters of the running test (see the module docstring)."""
     import allure
 
@@ -71,18 +74,32 @@ def label_test(results: Sequence["CaseResult"], *, kernel: str, device: str) -> 
         allure.dynamic.label("feature", feature)
     allure.dynamic.parameter("kernel", kernel)
     allure.dynamic.parameter("device", device)
-    allure.dynamic.parameter("examples", sum(bool(result.comparisons) for result in results))
-    allure.dynamic.parameter("unsupported", sum(result.status == "unsupported" for result in results))
+    examples = sum(bool(result.comparisons) for result in results)
+    unsupported = sum(result.status == "unsupported" for result in results)
+    allure.dynamic.parameter("examples", examples, excluded=True)
+    allure.dynamic.parameter("unsupported", unsupported, excluded=True)
 
 
-def distributions_csv(results: Sequence["CaseResult"]) -> str:
+def distributions_csv(results: Sequence[CaseResult]) -> str:
     """One row per (case, output): verdict, sizes, and normalized-error and ULP quantiles."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     quantile_columns = [f"{metric}_{name}" for metric in ("normalized", "ulp") for name in QUANTILES]
     writer.writerow(
-        ["case", "dtype", "feature", "status", "output", "numel", "mismatches", "nonfinite", "threshold",
-         *quantile_columns, "flash_ratio", "seed", "generator"]
+        [
+            "case",
+            "dtype",
+            "feature",
+            "status",
+            "output",
+            "numel",
+            "mismatches",
+            "nonfinite",
+            "threshold",
+            *quantile_columns,
+            "flash_ratio",
+            "spec",
+        ]
     )
     for result in results:
         spec = result.spec
@@ -91,15 +108,25 @@ def distributions_csv(results: Sequence["CaseResult"]) -> str:
                 getattr(comparison, metric).quantiles[name] for metric in ("normalized", "ulp") for name in QUANTILES
             ]
             writer.writerow(
-                [spec.name, spec.dtype, spec.feature(), result.status, output, comparison.numel,
-                 comparison.mismatches, comparison.nonfinite, comparison.threshold,
-                 *(f"{value:.6g}" for value in quantiles),
-                 "" if comparison.flash_ratio is None else f"{comparison.flash_ratio:.6g}", spec.seed, spec.generator]
+                [
+                    spec.name,
+                    spec.dtype,
+                    spec.feature(),
+                    result.status,
+                    output,
+                    comparison.numel,
+                    comparison.mismatches,
+                    comparison.nonfinite,
+                    comparison.threshold,
+                    *(f"{value:.6g}" for value in quantiles),
+                    "" if comparison.flash_ratio is None else f"{comparison.flash_ratio:.6g}",
+                    json.dumps(spec.to_dict(), sort_keys=True),
+                ]
             )
     return buffer.getvalue()
 
 
-def attach_distributions(test_name: str, results: Sequence["CaseResult"]) -> None:
+def attach_distributions(test_name: str, results: Sequence[CaseResult]) -> None:
     """Attach the histogram PNG of each output and the CSV/JSON data to the running test, once."""
     import allure
 
@@ -116,7 +143,9 @@ def attach_distributions(test_name: str, results: Sequence["CaseResult"]) -> Non
             attachment_type=allure.attachment_type.PNG,
         )
     if by_output:
-        allure.attach(distributions_csv(results), name="error quantiles.csv", attachment_type=allure.attachment_type.CSV)
+        allure.attach(
+            distributions_csv(results), name="error quantiles.csv", attachment_type=allure.attachment_type.CSV
+        )
     allure.attach(
         json.dumps({"test": test_name, "cases": [result.to_dict() for result in results]}, indent=1, default=str),
         name="case results.json",
@@ -124,13 +153,13 @@ def attach_distributions(test_name: str, results: Sequence["CaseResult"]) -> Non
     )
 
 
-def distinct_cases(results: Sequence["CaseResult"]) -> list["CaseResult"]:
+def distinct_cases(results: Sequence[CaseResult]) -> list[CaseResult]:
     """One result per case spec, the last one kept: Hypothesis replays and shrinks examples."""
     by_spec = {json.dumps(result.spec.to_dict(), sort_keys=True): result for result in results}
     return list(by_spec.values())
 
 
-def record_property_test(test_name: str, results: Sequence["CaseResult"], *, kernel: str, device: str) -> None:
+def record_property_test(test_name: str, results: Sequence[CaseResult], *, kernel: str, device: str) -> None:
     """Labels, parameters and attachments of one property test; a no-op without ``--alluredir``.
 
     Call it once per test, after its last example (e.g. from a
@@ -200,12 +229,16 @@ def generate_html(
     try:
         completed = subprocess.run(
             [*command, "generate", str(results_dir), "--output", str(out_dir), "--report-name", name],
-            capture_output=True, text=True, timeout=GENERATE_TIMEOUT,
+            capture_output=True,
+            text=True,
+            timeout=GENERATE_TIMEOUT,
         )
     except subprocess.TimeoutExpired:
         raise ReportError(f"allure generate took longer than {GENERATE_TIMEOUT} s on {results_dir}") from None
     index = out_dir / "index.html"
     if completed.returncode != 0 or not index.is_file():
         detail = (completed.stderr or completed.stdout).strip().splitlines()
-        raise ReportError(f"allure generate failed (exit {completed.returncode}): {detail[-1] if detail else 'no output'}")
+        raise ReportError(
+            f"allure generate failed (exit {completed.returncode}): {detail[-1] if detail else 'no output'}"
+        )
     return index

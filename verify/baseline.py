@@ -29,7 +29,8 @@ import dataclasses
 import json
 import math
 import pathlib
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -216,7 +217,9 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"--baseline={path} cannot be read ({exc}): {fix}") from None
     except json.JSONDecodeError as exc:
-        raise BaselineError(f"--baseline={path} is corrupt: not valid JSON ({exc.msg} at line {exc.lineno}): {fix}") from None
+        raise BaselineError(
+            f"--baseline={path} is corrupt: not valid JSON ({exc.msg} at line {exc.lineno}): {fix}"
+        ) from None
     if isinstance(record, dict) and record.get("schema") == SCHEMA and record.get("schema_version") != SCHEMA_VERSION:
         raise BaselineError(
             f"--baseline={path} has schema_version={record.get('schema_version')!r}, this fa2-verify reads "
@@ -281,21 +284,16 @@ def summarize(
 ) -> Baseline:
     """A :class:`Baseline` from one or more runs of the same corpus (repeats measure jitter)."""
     per_run = [group_comparisons(run.cases) for run in runs]
-    keys = sorted({key for groups in per_run for key in groups})
     groups = {}
-    for key in keys:
+    for key in sorted({key for run_groups in per_run for key in run_groups}):
+        members = [run_groups[key] for run_groups in per_run if key in run_groups]
         quantiles: dict[str, dict[str, float]] = {}
         jitter: dict[str, dict[str, float]] = {}
         for metric in BASELINE_METRICS:
-            repeats = [
-                max_quantiles([getattr(comparison, metric) for _, comparison in groups[key]])
-                for groups in per_run
-                if key in groups
-            ]
+            repeats = [max_quantiles([getattr(comparison, metric) for _, comparison in member]) for member in members]
             quantiles[metric] = {name: max(r[name] for r in repeats) for name in QUANTILES}
             jitter[metric] = {name: _spread([r[name] for r in repeats]) for name in QUANTILES}
-        cases = max(len(groups.get(key, ())) for groups in per_run)
-        groups[key] = GroupBaseline(*key, cases=cases, quantiles=quantiles, jitter=jitter)
+        groups[key] = GroupBaseline(*key, cases=max(map(len, members)), quantiles=quantiles, jitter=jitter)
     names = [case.spec.name for case in runs[0].cases]
     cases = {name: _case_baseline([run.cases[index] for run in runs]) for index, name in enumerate(names)}
     return Baseline(
@@ -331,7 +329,9 @@ def record(
 ) -> Baseline:
     """Measure ``kernel`` on the corpus ``repeats`` times and summarize it as a baseline."""
     chosen = tuple(sorted(dtypes)) if dtypes is not None else corpus.dtypes()
-    runs = [measure(kernel, corpus, device=device, dtypes=chosen, golden_options=golden_options) for _ in range(repeats)]
+    runs = [
+        measure(kernel, corpus, device=device, dtypes=chosen, golden_options=golden_options) for _ in range(repeats)
+    ]
     return summarize(
         kernel, corpus, runs, device=device, dtypes=chosen, environment=collect_environment(kernel, device)
     )

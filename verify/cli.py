@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verify.commands.gate",
     "verify.commands.corpus",
     "verify.commands.report",
+    "verify.commands.bench",
 )
 
 

@@ -85,7 +85,7 @@ class Corpus:
             "cases": [spec.to_dict() for spec in self.cases],
         }
 
-    def with_case(self, spec: CaseSpec) -> "Corpus":
+    def with_case(self, spec: CaseSpec) -> Corpus:
         """A new corpus version with ``spec`` appended.
 
         A spec without a name is named ``cex-<first 10 hex digits of its hash>``;

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from verify.baseline import BASELINE_METRICS, Baseline, device_name
 from verify.corpus import Corpus
@@ -69,7 +69,9 @@ class Margins:
                 raise UsageError(f"margins lack a floor for {metric}: give --floor {metric}=VALUE")
         for output, relative in self.outputs.items():
             if output not in OUTPUT_AXES:
-                raise UsageError(f"--output-margin {output}={relative}: unknown output, use one of {', '.join(OUTPUT_AXES)}")
+                raise UsageError(
+                    f"--output-margin {output}={relative}: unknown output, use one of {', '.join(OUTPUT_AXES)}"
+                )
             if not (relative >= 0 and math.isfinite(relative)):
                 raise UsageError(f"--output-margin {output}={relative} is not valid: use a finite number >= 0")
 
@@ -148,12 +150,18 @@ def _capabilities(before: dict, after: dict) -> tuple[list[Finding], list[Findin
     for device in devices:
         was, now = set(before["dtypes"].get(device, ())), set(after["dtypes"].get(device, ()))
         if was - now:
-            lost.append(Finding("capability-lost", f"capabilities.dtypes[{device}]", f"no longer declares {sorted(was - now)}"))
+            lost.append(
+                Finding("capability-lost", f"capabilities.dtypes[{device}]", f"no longer declares {sorted(was - now)}")
+            )
         if now - was:
-            gained.append(Finding("capability-gained", f"capabilities.dtypes[{device}]", f"newly declares {sorted(now - was)}"))
+            gained.append(
+                Finding("capability-gained", f"capabilities.dtypes[{device}]", f"newly declares {sorted(now - was)}")
+            )
     was_dims, now_dims = set(before.get("head_dims", ())), set(after.get("head_dims", ()))
     if was_dims - now_dims:
-        lost.append(Finding("capability-lost", "capabilities.head_dims", f"no longer declares {sorted(was_dims - now_dims)}"))
+        lost.append(
+            Finding("capability-lost", "capabilities.head_dims", f"no longer declares {sorted(was_dims - now_dims)}")
+        )
     return lost, gained
 
 
@@ -163,13 +171,21 @@ def _cases(baseline: Baseline, current: Baseline) -> tuple[list[Finding], list[F
         now = current.cases[name]
         where = f"case {name}"
         if before.status != "unsupported" and now.status == "unsupported":
-            regressions.append(Finding("capability-lost", where, f"ran ({before.status}) in the baseline, now unsupported: {now.reason}"))
+            regressions.append(
+                Finding(
+                    "capability-lost", where, f"ran ({before.status}) in the baseline, now unsupported: {now.reason}"
+                )
+            )
         elif now.status == "error" and before.status != "error":
             regressions.append(Finding("new-error", where, f"was {before.status}, now the kernel errors: {now.reason}"))
         newly_failing = [output for output in now.failed_outputs if before.outputs.get(output, True)]
         if newly_failing:
             regressions.append(
-                Finding("new-failure", where, f"{', '.join(newly_failing)} now mismatch(es) the golden (was {before.status})")
+                Finding(
+                    "new-failure",
+                    where,
+                    f"{', '.join(newly_failing)} now mismatch(es) the golden (was {before.status})",
+                )
             )
         if before.status == "failed" and now.status == "passed":
             notes.append(Finding("fixed", where, "failed in the baseline, passes now"))
@@ -183,7 +199,9 @@ def _groups(baseline: Baseline, current: Baseline, margins: Margins) -> tuple[li
     for key, before in baseline.groups.items():
         now = current.groups.get(key)
         if now is None:
-            notes.append(Finding("group-gone", before.where, "no case of this group was compared (see the case findings)"))
+            notes.append(
+                Finding("group-gone", before.where, "no case of this group was compared (see the case findings)")
+            )
             continue
         for metric in BASELINE_METRICS:
             rises, falls = [], []
@@ -197,9 +215,17 @@ def _groups(baseline: Baseline, current: Baseline, margins: Margins) -> tuple[li
             if rises and metric == GATING_METRIC:
                 regressions.append(Finding("quantile-rise", f"{before.where} {metric}", "; ".join(rises)))
             elif rises:
-                notes.append(Finding("quantile-rise", f"{before.where} {metric}", "; ".join(rises) + " (reported, not gating)"))
+                notes.append(
+                    Finding("quantile-rise", f"{before.where} {metric}", "; ".join(rises) + " (reported, not gating)")
+                )
             if falls:
-                notes.append(Finding("improved", f"{before.where} {metric}", "; ".join(falls) + " (consider recording a new baseline)"))
+                notes.append(
+                    Finding(
+                        "improved",
+                        f"{before.where} {metric}",
+                        "; ".join(falls) + " (consider recording a new baseline)",
+                    )
+                )
     for key, now in current.groups.items():
         if key not in baseline.groups:
             notes.append(Finding("new-group", now.where, "compared now, not in the baseline"))

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import io
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from verify.report_json import max_quantiles, merge_histograms
 
@@ -34,7 +35,7 @@ def _edge(value: float) -> str:
 def bin_labels(edges: Sequence[float]) -> list[str]:
     """``["<1e-4", "1e-4..1e-3", ..., ">=1e3"]`` for edges ``[0, 1e-4, ..., 1e3, inf]``."""
     labels = []
-    for low, high in zip(edges[:-1], edges[1:]):
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
         if low == 0.0:
             labels.append(f"<{_edge(high)}")
         elif math.isinf(high):
@@ -46,7 +47,7 @@ def bin_labels(edges: Sequence[float]) -> list[str]:
 
 def _position(edges: Sequence[float], value: float) -> float:
     """Where ``value`` falls on the bar axis (bar k is centred at k), log-interpolated inside its bin."""
-    for k, (low, high) in enumerate(zip(edges[:-1], edges[1:])):
+    for k, (low, high) in enumerate(zip(edges[:-1], edges[1:], strict=True)):
         if low <= value < high:
             if low > 0 and math.isfinite(high):
                 return k - 0.5 + math.log(value / low) / math.log(high / low)
@@ -54,7 +55,7 @@ def _position(edges: Sequence[float], value: float) -> float:
     return len(edges) - 1.5
 
 
-def _panel(axes, distributions: Sequence["Distribution"], *, title: str, threshold: float | None) -> None:
+def _panel(axes, distributions: Sequence[Distribution], *, title: str, threshold: float | None) -> None:
     edges, counts = merge_histograms(distributions)
     colors = [_ABOVE if threshold is not None and high > threshold else _BELOW for high in edges[1:]]
     positions = range(len(counts))
@@ -70,7 +71,7 @@ def _panel(axes, distributions: Sequence["Distribution"], *, title: str, thresho
     axes.set_title(f"{title}\n{summary}", fontsize=9)
 
 
-def histogram_png(output: str, comparisons: Sequence["OutputComparison"], *, title: str = "") -> bytes:
+def histogram_png(output: str, comparisons: Sequence[OutputComparison], *, title: str = "") -> bytes:
     """A PNG of the normalized-error and ULP histograms of ``output`` over ``comparisons``.
 
     ``comparisons`` are one output's :class:`~verify.metrics.OutputComparison`

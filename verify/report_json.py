@@ -30,7 +30,8 @@ import json
 import pathlib
 import shutil
 import subprocess
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from verify import __version__
 from verify.atomic import write_text_atomic
@@ -61,7 +62,7 @@ def merge_histograms(distributions: Sequence[Distribution]) -> tuple[list[float]
         other_edges, other_counts = distribution.histogram
         if list(other_edges) != edges:
             raise ValueError(f"histogram edges differ: {list(other_edges)} vs {edges}")
-        counts = [total + count for total, count in zip(counts, other_counts)]
+        counts = [total + count for total, count in zip(counts, other_counts, strict=True)]
     return edges, counts
 
 
@@ -72,7 +73,7 @@ def max_quantiles(distributions: Sequence[Distribution]) -> dict[str, float]:
     return {name: max(d.quantiles[name] for d in distributions) for name in distributions[0].quantiles}
 
 
-def group_comparisons(cases: Iterable["CaseResult"]) -> dict[GroupKey, list[tuple["CaseResult", OutputComparison]]]:
+def group_comparisons(cases: Iterable[CaseResult]) -> dict[GroupKey, list[tuple[CaseResult, OutputComparison]]]:
     """Compared outputs keyed by (dtype, output, feature), in a stable sorted order."""
     groups: dict[GroupKey, list[tuple[CaseResult, OutputComparison]]] = {}
     for case in cases:
@@ -85,7 +86,9 @@ def _encode_quantiles(quantiles: dict[str, float]) -> dict[str, float | str]:
     return {name: encode_float(value) for name, value in quantiles.items()}
 
 
-def summarize_group(kernel: str, device: str, key: GroupKey, members: Sequence[tuple["CaseResult", OutputComparison]]) -> dict[str, Any]:
+def summarize_group(
+    kernel: str, device: str, key: GroupKey, members: Sequence[tuple[CaseResult, OutputComparison]]
+) -> dict[str, Any]:
     """The JSON record of one (dtype, output, feature) group (see the module docstring)."""
     dtype, output, feature = key
     comparisons = [comparison for _, comparison in members]
@@ -118,7 +121,7 @@ def summarize_group(kernel: str, device: str, key: GroupKey, members: Sequence[t
     }
 
 
-def unsupported_summary(cases: Iterable["CaseResult"]) -> list[dict[str, Any]]:
+def unsupported_summary(cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
     """Unsupported cases grouped by their reason (the capability the kernel lacks)."""
     reasons: dict[str, list[str]] = {}
     for case in cases:
@@ -127,7 +130,7 @@ def unsupported_summary(cases: Iterable["CaseResult"]) -> list[dict[str, Any]]:
     return [{"reason": reason, "cases": names} for reason, names in sorted(reasons.items())]
 
 
-def failure_records(kernel: str, cases: Iterable["CaseResult"]) -> list[dict[str, Any]]:
+def failure_records(kernel: str, cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
     """Every failed or errored case with its message (:func:`describe_failure`) and reproduction line."""
     records = []
     for case in cases:
@@ -148,7 +151,7 @@ def failure_records(kernel: str, cases: Iterable["CaseResult"]) -> list[dict[str
     return records
 
 
-def verdict(run: "RunResult") -> str:
+def verdict(run: RunResult) -> str:
     """``passed`` (something ran, nothing failed), ``failed``, or ``nothing-ran`` (all unsupported)."""
     counts = run.counts()
     if counts["failed"] or counts["error"]:
@@ -156,7 +159,7 @@ def verdict(run: "RunResult") -> str:
     return "passed" if counts["passed"] else "nothing-ran"
 
 
-def build_tolerance_report(run: "RunResult", *, environment: dict[str, Any]) -> dict[str, Any]:
+def build_tolerance_report(run: RunResult, *, environment: dict[str, Any]) -> dict[str, Any]:
     """The tolerance report of ``run`` as a JSON-ready dict (schema above)."""
     groups = group_comparisons(run.cases)
     return {
@@ -178,11 +181,13 @@ def build_tolerance_report(run: "RunResult", *, environment: dict[str, Any]) -> 
 
 
 def write_tolerance_report(
-    path: str | pathlib.Path, run: "RunResult", *, environment: dict[str, Any], overwrite: bool
+    path: str | pathlib.Path, run: RunResult, *, environment: dict[str, Any], overwrite: bool
 ) -> pathlib.Path:
     """Write ``tolerance.json`` atomically; an existing file is kept unless ``overwrite``."""
     report = build_tolerance_report(run, environment=environment)
-    return write_text_atomic(path, json.dumps(report, indent=1, allow_nan=False, default=str) + "\n", overwrite=overwrite)
+    return write_text_atomic(
+        path, json.dumps(report, indent=1, allow_nan=False, default=str) + "\n", overwrite=overwrite
+    )
 
 
 def load_tolerance_report(path: str | pathlib.Path) -> dict[str, Any]:
@@ -218,7 +223,10 @@ def _nvidia_driver() -> str | None:
     try:
         completed = subprocess.run(
             [executable, "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -226,7 +234,7 @@ def _nvidia_driver() -> str | None:
     return ",".join(versions) or None
 
 
-def kernel_version(kernel: "LoadedKernel") -> str:
+def kernel_version(kernel: LoadedKernel) -> str:
     """The target's ``version`` attribute, else its distribution's version, else fa2-verify's (bundled kernels)."""
     declared = getattr(kernel.target, "version", None)
     if isinstance(declared, str) and declared:
@@ -241,8 +249,8 @@ def kernel_version(kernel: "LoadedKernel") -> str:
     return f"fa2-verify {__version__}"
 
 
-def collect_environment(kernel: "LoadedKernel", device: str) -> dict[str, Any]:
-    """What a run depends on: :func:`verify.results.environment` plus driver, triton, and the kernel's version and config."""
+def collect_environment(kernel: LoadedKernel, device: str) -> dict[str, Any]:
+    """What a run depends on: :func:`verify.results.environment`, driver, triton, kernel version and config."""
     from verify.results import environment
 
     record = environment(device)

@@ -68,7 +68,8 @@ def render_tolerance(report: dict[str, Any]) -> str:
             "Normalized error = |actual - expected| / first-order bound (docs/error-model.md); "
             "quantiles are the largest per-case value in each group.",
             "",
-            "| dtype | output | feature | cases | verdict | normalized p50 | p99 | max | threshold | ULP p99 | ULP max | mismatches |",
+            "| dtype | output | feature | cases | verdict | normalized p50 | p99 | max | threshold "
+            "| ULP p99 | ULP max | mismatches |",
             "|---|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for group in report["groups"]:
@@ -99,12 +100,14 @@ def render_tolerance(report: dict[str, Any]) -> str:
     if report["unsupported"]:
         lines += ["", "### Unsupported (listed, never counted as passed)", ""]
         for entry in report["unsupported"]:
-            lines.append(f"- {entry['reason']}: {len(entry['cases'])} case(s) ({', '.join(entry['cases'][:8])}"
-                         f"{', ...' if len(entry['cases']) > 8 else ''})")
+            lines.append(
+                f"- {entry['reason']}: {len(entry['cases'])} case(s) ({', '.join(entry['cases'][:8])}"
+                f"{', ...' if len(entry['cases']) > 8 else ''})"
+            )
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_gate(result: "GateResult") -> str:
+def render_gate(result: GateResult) -> str:
     """A Markdown summary of a gate verdict: pass/fail and every finding with its numbers."""
     baseline = result.baseline
     head = "PASSED" if result.passed else "FAILED"

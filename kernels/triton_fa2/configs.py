@@ -7,8 +7,9 @@ autotuning at run time), so a run is reproduced by the same table; every
 choice made in this process is recorded and returned by
 :func:`recorded` (the kernel's ``config()``).
 
-The ``sm90`` rows were chosen by the sweep in ``benchmarks/bench_kernels.py``
-(``--sweep``) on an H100; docs/triton-kernel.md gives the measurements.
+The ``sm90`` rows were chosen by the sweeps of ``benchmarks/bench_kernels.py``
+(``--sections sweep``) on an H200 (the H100's chip); docs/benchmarks.md gives
+the measurements.
 """
 
 from __future__ import annotations

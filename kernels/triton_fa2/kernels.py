@@ -45,7 +45,9 @@ query tile, looping over key tiles in a fixed order::
 
 Every loop over tiles is split in three ranges (:func:`_tile_ranges`): the
 tiles cut by the mask or the sequence end, which are masked, and the tiles
-every row sees whole, which skip the mask arithmetic.
+every row sees whole, which skip the mask arithmetic.  Tiles are loaded with
+pointers and masks, or (``USE_TMA``) through TMA tensor descriptors made in
+the kernel and bounded by each sequence and head_dim (:func:`_source`).
 """
 
 from __future__ import annotations

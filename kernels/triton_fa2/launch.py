@@ -116,21 +116,26 @@ def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig
     return use_tma
 
 
-def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles=None):
-    """Dense forward: ``(out, lse)``, lse float32 (batch, heads_q, seqlen_q), natural log."""
-    problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+def _forward_call(problem: Problem, entry: str, q, k, v, lse_shape, tiles):
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((problem.batch, problem.heads_q, problem.seqlen_q), dtype=torch.float32, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     chosen = _tiles(problem, ("forward",), tiles)
     if out.numel() == 0:
         return out, lse
-    if problem.seqlen_k == 0:
+    if k.numel() == 0:
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _record(problem, "forward", chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
+    _record(problem, entry, chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
     return out, lse
+
+
+def forward(q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1), tiles=None):
+    """Dense forward: ``(out, lse)``, lse float32 (batch, heads_q, seqlen_q), natural log."""
+    problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    lse_shape = (problem.batch, problem.heads_q, problem.seqlen_q)
+    return _forward_call(problem, "forward", q, k, v, lse_shape, tiles)
 
 
 def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -138,18 +143,7 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
     """Packed forward: ``(out, lse)``, out (total_q, heads_q, head_dim), lse float32 (heads_q, total_q)."""
     problem = validation.check_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                               softmax_scale=softmax_scale, causal=causal, window_size=window_size)
-    q, k, v = (_unit_last_stride(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((problem.heads_q, q.shape[0]), dtype=torch.float32, device=q.device)
-    chosen = _tiles(problem, ("forward",), tiles)
-    if out.numel() == 0 or problem.seqlen_q == 0:
-        return out, lse
-    if k.shape[0] == 0:
-        out.zero_()
-        lse.fill_(math.inf)
-        return out, lse
-    _record(problem, "forward_varlen", chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
-    return out, lse
+    return _forward_call(problem, "forward_varlen", q, k, v, (problem.heads_q, q.shape[0]), tiles)
 
 
 # --------------------------------------------------------------------------- backward
@@ -201,6 +195,23 @@ def _backward_passes(deterministic: bool) -> tuple[str, ...]:
     return ("backward_kv", "backward_dq") if deterministic else ("backward_kv",)
 
 
+def _backward_call(problem: Problem, entry: str, dout, q, k, v, out, lse, deterministic, tiles):
+    validation.check_backward_extras(problem, q, dout, out, lse)
+    q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
+    lse = lse.contiguous()
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
+    if q.numel() == 0 or k.numel() == 0:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return dq, dk, dv
+    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
+    _record(problem, entry, chosen, deterministic=bool(deterministic), tma_used=used)
+    return dq, dk, dv
+
+
 def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
              deterministic=False, tiles=None):
     """Dense backward: ``(dq, dk, dv)`` shaped and typed like q, k, v.
@@ -210,20 +221,7 @@ def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_siz
     separate pass over query tiles, bitwise reproducible.
     """
     problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
-    validation.check_backward_extras(problem, q, dout, out, lse)
-    q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
-    lse = lse.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
-    if problem.seqlen_q == 0 or problem.seqlen_k == 0 or problem.batch == 0:
-        for grad in (dq, dk, dv):
-            grad.zero_()
-        return dq, dk, dv
-    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
-    _record(problem, "backward", chosen, deterministic=bool(deterministic), tma_used=used)
-    return dq, dk, dv
+    return _backward_call(problem, "backward", dout, q, k, v, out, lse, deterministic, tiles)
 
 
 def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
@@ -231,17 +229,4 @@ def backward_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seq
     """Packed backward: ``(dq, dk, dv)`` in the packed layouts of q, k, v."""
     problem = validation.check_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                               softmax_scale=softmax_scale, causal=causal, window_size=window_size)
-    validation.check_backward_extras(problem, q, dout, out, lse)
-    q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
-    lse = lse.contiguous()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
-    if q.shape[0] == 0 or k.shape[0] == 0:
-        for grad in (dq, dk, dv):
-            grad.zero_()
-        return dq, dk, dv
-    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
-    _record(problem, "backward_varlen", chosen, deterministic=bool(deterministic), tma_used=used)
-    return dq, dk, dv
+    return _backward_call(problem, "backward_varlen", dout, q, k, v, out, lse, deterministic, tiles)

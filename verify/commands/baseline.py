@@ -29,8 +29,13 @@ def add_parser(subparsers) -> None:
     add_target_arguments(parser)
     parser.add_argument("--out", required=True, type=pathlib.Path, metavar="FILE", help="baseline JSON to write")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
-    parser.add_argument("--repeats", type=int, default=1, metavar="N",
-                        help="run the corpus N times and record each quantile's spread as jitter (default 1)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the corpus N times and record each quantile's spread as jitter (default 1)",
+    )
     add_corpus_arguments(parser)
     parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes to cover (default: all in the corpus)")
     parser.set_defaults(handler=handle)
@@ -38,10 +43,19 @@ def add_parser(subparsers) -> None:
 
 def add_corpus_arguments(parser) -> None:
     """``--corpus`` and ``--golden-cache``, shared with ``fa2-verify gate``."""
-    parser.add_argument("--corpus", type=pathlib.Path, default=DEFAULT_PATH, metavar="FILE",
-                        help="gate corpus (default: the bundled golden/corpus/gate.json)")
-    parser.add_argument("--golden-cache", type=pathlib.Path, metavar="DIR",
-                        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_GOLDEN_CACHE})")
+    parser.add_argument(
+        "--corpus",
+        type=pathlib.Path,
+        default=DEFAULT_PATH,
+        metavar="FILE",
+        help="gate corpus (default: the bundled golden/corpus/gate.json)",
+    )
+    parser.add_argument(
+        "--golden-cache",
+        type=pathlib.Path,
+        metavar="DIR",
+        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_GOLDEN_CACHE})",
+    )
 
 
 def golden_options(args) -> GoldenOptions:
@@ -80,7 +94,11 @@ def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device)
     corpus = load_corpus(args.corpus)
     baseline = baselines.record(
-        kernel, corpus, device=args.device, dtypes=parse_dtypes(args.dtypes), repeats=args.repeats,
+        kernel,
+        corpus,
+        device=args.device,
+        dtypes=parse_dtypes(args.dtypes),
+        repeats=args.repeats,
         golden_options=golden_options(args),
     )
     print(format_groups(baseline))

@@ -24,8 +24,13 @@ def add_parser(subparsers) -> None:
     add.add_argument("--case", required=True, metavar="JSON", help="case spec JSON; a missing name is derived from it")
     add.add_argument("--name", help="name for the new case (default: the spec's name, else cex-<hash>)")
     for sub in (listing, add):
-        sub.add_argument("--corpus", type=pathlib.Path, default=DEFAULT_PATH, metavar="FILE",
-                         help="corpus file (default: the bundled golden/corpus/gate.json)")
+        sub.add_argument(
+            "--corpus",
+            type=pathlib.Path,
+            default=DEFAULT_PATH,
+            metavar="FILE",
+            help="corpus file (default: the bundled golden/corpus/gate.json)",
+        )
     listing.set_defaults(handler=handle_list)
     add.set_defaults(handler=handle_add)
 
@@ -51,6 +56,8 @@ def handle_add(args) -> int:
     save_corpus(updated, args.corpus)
     added = updated.cases[-1]
     print(f"added {added.name!r} to {args.corpus}: corpus version {corpus.version} -> {updated.version}")
-    print("baselines recorded on the previous version no longer match: record them again with "
-          "`fa2-verify baseline --kernel NAME --out FILE --overwrite`")
+    print(
+        "baselines recorded on the previous version no longer match: record them again with "
+        "`fa2-verify baseline --kernel NAME --out FILE --overwrite`"
+    )
     return 0

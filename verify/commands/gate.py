@@ -29,15 +29,35 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--baseline", required=True, type=pathlib.Path, metavar="FILE", help="baseline JSON")
     add_corpus_arguments(parser)
     parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes; must equal the baseline's set")
-    parser.add_argument("--relative-margin", type=float, default=gate.RELATIVE_MARGIN, metavar="R",
-                        help=f"tolerated relative rise of a quantile (default {gate.RELATIVE_MARGIN})")
-    parser.add_argument("--floor", action="append", default=[], metavar="METRIC=VALUE",
-                        help="absolute floor of the margin per metric (defaults: "
-                        + ", ".join(f"{m}={v}" for m, v in gate.FLOORS.items()) + ")")
-    parser.add_argument("--output-margin", action="append", default=[], metavar="OUTPUT=R",
-                        help="relative margin for one output, e.g. dq=0.5 for an atomic-accumulation backward")
-    parser.add_argument("--out", type=pathlib.Path, metavar="FILE",
-                        help="also write this run, in the baseline format (a candidate new baseline)")
+    parser.add_argument(
+        "--relative-margin",
+        type=float,
+        default=gate.RELATIVE_MARGIN,
+        metavar="R",
+        help=f"tolerated relative rise of a quantile (default {gate.RELATIVE_MARGIN})",
+    )
+    parser.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="absolute floor of the margin per metric (defaults: "
+        + ", ".join(f"{m}={v}" for m, v in gate.FLOORS.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--output-margin",
+        action="append",
+        default=[],
+        metavar="OUTPUT=R",
+        help="relative margin for one output, e.g. dq=0.5 for an atomic-accumulation backward",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        metavar="FILE",
+        help="also write this run, in the baseline format (a candidate new baseline)",
+    )
     parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE", help="write a Markdown summary of the verdict")
     parser.add_argument("--overwrite", action="store_true", help="replace existing --out/--markdown files")
     parser.set_defaults(handler=handle)
@@ -73,10 +93,10 @@ def handle(args) -> int:
     baseline = baselines.load_baseline(args.baseline)
     corpus = load_corpus(args.corpus)
     dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))
+    kernel = resolve_target(args.kernel, args.device)
     gate.check_compatible(
         baseline, kernel=args.kernel, device=args.device, corpus=corpus, dtypes=dtypes, source=str(args.baseline)
     )
-    kernel = resolve_target(args.kernel, args.device)
     current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args))
     result = gate.compare(baseline, current, chosen_margins)
     print(gate.format_result(result, source=str(args.baseline)))

@@ -18,10 +18,20 @@ from verify.allure_report import generate_html
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("report", help="generate the Allure 3 HTML report from allure-results")
-    parser.add_argument("results", nargs="?", type=pathlib.Path, default=pathlib.Path("allure-results"),
-                        help="allure-results directory (default: allure-results)")
-    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("allure-report"), metavar="DIR",
-                        help="report directory (default: allure-report)")
+    parser.add_argument(
+        "results",
+        nargs="?",
+        type=pathlib.Path,
+        default=pathlib.Path("allure-results"),
+        help="allure-results directory (default: allure-results)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("allure-report"),
+        metavar="DIR",
+        help="report directory (default: allure-report)",
+    )
     parser.add_argument("--name", default="fa2-verify", help="report title (default: fa2-verify)")
     parser.add_argument("--allure", metavar="PATH", help="Allure 3 executable (default: ci/node_modules, then PATH)")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")

@@ -1,0 +1,64 @@
+"""How fast the property suite catches each mutant kernel of ``tests/mutants.py``.
+
+For every mutant, the property tests run in suite order under the ``ci``
+profile (derandomized, so the table is the same on every run) without
+shrinking, each stopping at its first failing example; the first property
+that fails catches the mutant.  The table gives that property, the examples
+its search took, and the seconds spent on the mutant in all (including the
+properties that ran to their budget without failing).  Usage, from the
+repository root::
+
+    python -m benchmarks.bench_mutants [--profile ci] [--mutants NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+import time
+
+from golden.options import GoldenOptions
+from properties import harness, profiles
+from properties.plugin import golden_cache_dir
+from properties.session import Suite
+from verify.registry import LoadedKernel
+
+REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
+
+
+def catch(name: str, target: object, profile: profiles.Profile, golden_options: GoldenOptions) -> tuple[str, int, float]:
+    """``(catching property or "", examples it took, seconds for the mutant)``."""
+    suite = Suite(LoadedKernel(f"tests.mutants:{name}", target), "cpu", profile, golden_options)
+    settings = harness.catch_settings(profile)
+    start = time.perf_counter()
+    for test in harness.property_tests():
+        result = harness.search(test, suite, settings)
+        if result.caught:
+            return result.test, result.examples, time.perf_counter() - start
+    return "", 0, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="ci", choices=list(profiles.PROFILES))
+    parser.add_argument("--mutants", default="", help="comma-separated names (default: all)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPOSITORY))
+    from tests.mutants import MUTANTS
+
+    names = [name for name in args.mutants.split(",") if name] or list(MUTANTS)
+    profile = profiles.get(args.profile)
+    options = GoldenOptions(cache_dir=golden_cache_dir(REPOSITORY))
+    print(f"| mutant | caught by | examples | seconds |")
+    print("| --- | --- | ---: | ---: |")
+    missed = 0
+    for name in names:
+        test, examples, seconds = catch(name, MUTANTS[name], profile, options)
+        missed += not test
+        print(f"| {name} | {test or 'NOT CAUGHT'} | {examples} | {seconds:.1f} |", flush=True)
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
