@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 
+import numpy as np
 import torch
 
 import golden
@@ -72,20 +73,27 @@ def main() -> None:
     bound = fast_runs[0][2].certified_bound
     factor = (args.seqlen / args.mp_seqlen) ** 2
     mask = "causal" if args.causal else "none"
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} CPUs, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print(f"load average (1/5/15 min): before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
-    print(f"case: batch 1, heads 1, head_dim {args.head_dim}, {args.dtype}, mask {mask}, forward + backward, "
-          f"{args.precision_bits} bits")
+    print(f"machine: {_cpu_model()}, {os.cpu_count()} CPUs, numpy {np.__version__}, torch {torch.__version__}")
+    print(
+        f"load average (1/5/15 min): before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}"
+    )
+    print(
+        f"case: batch 1, heads 1, head_dim {args.head_dim}, {args.dtype}, mask {mask}, forward + backward, "
+        f"{args.precision_bits} bits"
+    )
     print()
-    print("| method | seqlen | wall s | CPU s | wall s scaled to seqlen "
-          f"{args.seqlen} | speedup vs plain mpmath |")
+    print(f"| method | seqlen | wall s | CPU s | wall s scaled to seqlen {args.seqlen} | speedup vs plain mpmath |")
     print("|---|---|---|---|---|---|")
-    print(f"| plain mpmath | {args.mp_seqlen} | {mp_wall:.2f} | {mp_cpu:.2f} | {mp_wall * factor:.0f} "
-          f"(x{factor:.0f}) | 1 |")
-    print(f"| fast + certification (median of {args.repeats}: "
-          f"{', '.join(f'{run[0]:.2f}' for run in fast_runs)}) | {args.seqlen} | {fast_wall:.2f} | {fast_cpu:.2f} "
-          f"| {fast_wall:.2f} | {mp_wall * factor / fast_wall:.0f} |")
+    print(
+        f"| plain mpmath | {args.mp_seqlen} | {mp_wall:.2f} | {mp_cpu:.2f} | {mp_wall * factor:.0f} "
+        f"(x{factor:.0f}) | 1 |"
+    )
+    print(
+        f"| fast + certification (median of {args.repeats}: "
+        f"{', '.join(f'{run[0]:.2f}' for run in fast_runs)}) | {args.seqlen} | {fast_wall:.2f} | {fast_cpu:.2f} "
+        f"| {fast_wall:.2f} | {mp_wall * factor / fast_wall:.0f} |"
+    )
     print()
     print("certified bounds: " + ", ".join(f"{name} {value:.2e}" for name, value in bound.items()))
 

@@ -1,9 +1,25 @@
 """mpmath high-precision golden attention (forward and backward), its certified fast path and cache.
 
-Public API: :class:`GoldenOptions`, :func:`compute`, :class:`GoldenResult`.
+Public API: :class:`GoldenOptions`, :func:`compute`, :class:`GoldenResult`
+(:mod:`golden.api`, :mod:`golden.options`).  Importing the package is cheap:
+they load on first use, so e.g. :mod:`golden.cache` can be used without torch.
 """
 
-from golden.api import GoldenResult, compute
-from golden.options import GoldenOptions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from golden.api import GoldenResult, compute
+    from golden.options import GoldenOptions
 
 __all__ = ["GoldenOptions", "GoldenResult", "compute"]
+
+_HOMES = {"GoldenOptions": "golden.options", "GoldenResult": "golden.api", "compute": "golden.api"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'golden' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

@@ -86,8 +86,9 @@ def compute(
         bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
     else:
         served = fast.attention(problem)
+        seed = int(entry_key[:16], 16)
         bounds = certify.certify(
-            problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=int(entry_key[:16], 16)
+            problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=seed
         )
         arrays = {name: getattr(served, name) for name in shapes}
     if cache_dir is not None:

@@ -34,7 +34,7 @@ from verify.errors import UsageError
 MAGIC = b"fa2-verify golden cache 1\n"
 
 #: Bump when the golden's numbers change for the same inputs and options.
-ALGORITHM_VERSION = 1
+ALGORITHM_VERSION = 2
 
 
 class GoldenCacheWarning(UserWarning):
@@ -67,11 +67,14 @@ def load(cache_dir: pathlib.Path, entry_key: str, shapes: dict[str, tuple[int, .
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UsageError(f"cache_dir={str(cache_dir)!r} cannot be read ({exc}): fix it or pass cache_dir=None") from None
+        raise UsageError(
+            f"cache_dir={str(cache_dir)!r} cannot be read ({exc}): fix it or pass cache_dir=None"
+        ) from None
     try:
         return _parse(blob, entry_key, shapes)
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        warnings.warn(f"golden cache entry {entry} is corrupt ({exc}); recomputing it", GoldenCacheWarning, stacklevel=3)
+        message = f"golden cache entry {entry} is corrupt ({exc}); recomputing it"
+        warnings.warn(message, GoldenCacheWarning, stacklevel=3)
         return None
 
 
@@ -86,7 +89,9 @@ def store(cache_dir: pathlib.Path, entry_key: str, arrays: dict[str, np.ndarray]
         cache_dir.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{entry_key}.", suffix=".tmp")
     except OSError as exc:
-        raise UsageError(f"cache_dir={str(cache_dir)!r} is not a writable directory ({exc}): fix it or pass cache_dir=None") from None
+        raise UsageError(
+            f"cache_dir={str(cache_dir)!r} is not a writable directory ({exc}): fix it or pass cache_dir=None"
+        ) from None
     try:
         with os.fdopen(fd, "wb") as stream:
             stream.write(MAGIC)

@@ -55,7 +55,12 @@ UNDERFLOW = 2.0**-1022
 
 
 def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
-    """Certified bounds per output name; raises ``GoldenError`` above :data:`LIMIT`."""
+    """Certified bounds per output name; raises ``GoldenError`` above :data:`LIMIT`.
+
+    First, every value of every output must be finite (``lse`` on the rows
+    that see a key), sampled or not: a NaN or infinity never passes.
+    """
+    _require_finite(problem, fast)
     rng = np.random.default_rng(seed)
     cache: dict[tuple[str, int, int], ref.Exact | list] = {}
 
@@ -117,6 +122,18 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
     return {name: value for name, value in observed.items() if name not in ("delta", "offset")}
 
 
+def _require_finite(problem: Problem, fast: FastResult) -> None:
+    seen = problem.mask.any(axis=1)
+    arrays = {"lse": fast.lse[:, :, seen], **{name: getattr(fast, name) for name in ("out", "delta", "dq", "dk", "dv")}}
+    for name, array in arrays.items():
+        if array is not None and not np.isfinite(array).all():
+            index = [int(i) for i in np.argwhere(~np.isfinite(array))[0]]
+            raise GoldenError(
+                f"the fast golden produced {name}{index}={array[tuple(index)]} (head-major index), not finite: "
+                "compute this case with GoldenOptions(method='mpmath')"
+            )
+
+
 def _add(bounds: dict, actual: dict, expected: ref.Row, prec: int) -> None:
     for name, values in actual.items():
         expected_values = expected.values[name]
@@ -165,7 +182,7 @@ def _enforce(observed: dict[str, float]) -> None:
         )
 
 
-def _sample(batch: int, heads: int, rows: np.ndarray, count: int, rng: np.random.Generator) -> list[tuple[int, int, int]]:
+def _sample(batch: int, heads: int, rows: np.ndarray, count: int, rng: np.random.Generator) -> list[tuple]:
     """Up to ``count`` distinct ``(b, head, row)``, ``row`` in ``rows``: the first, the last, then random ones."""
     total = batch * heads * len(rows)
     if total <= count:

@@ -6,7 +6,7 @@ block of query rows so that each step's error is the float64 rounding of a
 well-conditioned quantity:
 
 1. ``S' = Q (sign K)^T`` as a pair ``hi + lo`` by :func:`golden.eft.dd_matmul`
-   (the Ozaki products of the inputs are exact); ``|scale|`` is applied only
+   (its leading product is exact); ``|scale|`` is applied only
    after the row maximum ``m'_i`` (at the pivot key ``p(i)``) is subtracted,
    ``x_ij = |scale| (S'_ij - m'_i)``, so a large logit costs no accuracy.
 2. ``E = exp(x)`` (masked entries 0), ``l_i = sum_j E_ij``, ``P = E / l``,
@@ -31,9 +31,8 @@ Every entry of ``P`` and ``dS`` therefore carries a relative error of a few
 ``2**-53`` (times ``|x_ij|`` for ``P``), and every product with them adds at
 most ``~k 2**-(53 + beta)`` of its leading magnitudes (:func:`dd_matmul`), so
 an output's error is a few float64 roundings of the magnitude of the terms
-it sums.  This module claims no
-bound of its own: :mod:`golden.certify` measures the error against mpmath on
-sampled rows of every case served.
+it sums.  This module claims no bound of its own: :mod:`golden.certify`
+measures the error against mpmath on sampled rows of every case served.
 """
 
 from __future__ import annotations
@@ -47,8 +46,9 @@ from golden.inputs import Problem
 
 #: Query rows are processed in blocks of about this many scores (8 MiB of
 #: float64 per temporary), which bounds memory and keeps temporaries in the
-#: allocator's reused heap instead of fresh pages; dK and dV accumulate the
-#: blocks in double-double.
+#: allocator's reused heap instead of fresh pages.  A block only computes the
+#: keys its rows see (a causal or sliding-window mask skips the rest); dK and
+#: dV accumulate the blocks in double-double.
 BLOCK_ELEMENTS = 2**20
 
 
@@ -82,24 +82,29 @@ def attention(problem: Problem) -> FastResult:
     delta, offset = np.zeros(rows), np.zeros(rows)
     pivot = np.zeros(rows, dtype=np.int64)
     step = max(1, BLOCK_ELEMENTS // max(problem.seqlen_k, 1))
-    blocks = range(0, problem.seqlen_q if problem.seqlen_k else 0, step)
     for b in range(problem.batch):
         for g in range(problem.heads_kv):
             k, v = problem.k[b, g], problem.v[b, g]
-            dk_sum = dv_sum = None
+            dk_sum, dv_sum = _zeros_dd(k.shape), _zeros_dd(v.shape)
             for h in range(g * problem.group, (g + 1) * problem.group):
-                for start in blocks:
+                for start in range(0, problem.seqlen_q, step):
                     block = slice(start, start + step)
-                    head = _forward(problem.q[b, h, block], k, v, problem.mask[block], problem.scale)
-                    out[b, h, block], pivot[b, h, block] = head.out, head.pivot
+                    seen = np.flatnonzero(problem.mask[block].any(axis=0))
+                    if not len(seen):
+                        continue
+                    keys = slice(seen[0], seen[-1] + 1)
+                    head = _forward(problem.q[b, h, block], k[keys], v[keys], problem.mask[block, keys], problem.scale)
+                    out[b, h, block], pivot[b, h, block] = head.out, head.pivot + keys.start
                     lse_hi[b, h, block], lse_lo[b, h, block] = head.lse_hi, head.lse_lo
                     if not backward:
                         continue
-                    grads = _backward(problem.dout[b, h, block], problem.q[b, h, block], k, v, head, problem.scale)
+                    grads = _backward(
+                        problem.dout[b, h, block], problem.q[b, h, block], k[keys], v[keys], head, problem.scale
+                    )
                     dq[b, h, block], delta[b, h, block], offset[b, h, block] = grads.dq, grads.delta, grads.offset
-                    dk_sum = _accumulate(dk_sum, grads.dk_sum)
-                    dv_sum = _accumulate(dv_sum, grads.dv)
-            if dk_sum is not None:
+                    _accumulate(dk_sum, grads.dk_sum, keys)
+                    _accumulate(dv_sum, grads.dv, keys)
+            if backward:
                 dk[b, g] = _times(dk_sum, problem.scale)
                 dv[b, g] = dv_sum[0] + dv_sum[1]
     lse = lse_hi + lse_lo
@@ -169,12 +174,15 @@ def _backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, hea
     return _Backward(dq, dd_matmul(ds.T, q), dd_matmul(head.p.T, dout), delta_hi + (delta_lo + anchor_lo), offset)
 
 
-def _accumulate(total, term):
-    """Double-double ``total + term`` (``total`` may be None)."""
-    if total is None:
-        return term
-    hi, err = two_sum(total[0], term[0])
-    return hi, err + (total[1] + term[1])
+def _zeros_dd(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(shape), np.zeros(shape)
+
+
+def _accumulate(total: tuple[np.ndarray, np.ndarray], term: tuple[np.ndarray, np.ndarray], rows: slice) -> None:
+    """Double-double ``total[rows] += term``, in place."""
+    hi, err = two_sum(total[0][rows], term[0])
+    total[0][rows] = hi
+    total[1][rows] += err + term[1]
 
 
 def _times(pair: tuple[np.ndarray, np.ndarray], scale: float) -> np.ndarray:

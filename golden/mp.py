@@ -28,7 +28,7 @@ against the other.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import mpmath
 import numpy as np
@@ -83,16 +83,16 @@ def attention_mpf(ctx, q: Sequence[Matrix], k: Sequence[Matrix], v: Sequence[Mat
         g = h // group
         k_cols, v_cols = _columns(k[g], head_dim), _columns(v[g], head_dim)
         head_weights = []
-        for name in result:
-            result[name].append([])
+        for rows in result.values():
+            rows.append([])
         for i, keys in enumerate(visible):
             if not keys:
                 row = {"out": zero_row, "lse": ctx.ninf, "delta": ctx.zero, "dq": zero_row, "p": [], "ds": []}
             else:
                 dout_row = dout[h][i] if dout is not None else None
                 row = _query_row(ctx, q_head[i], k[g], v[g], k_cols, v_cols, keys, dout_row, scale)
-            for name in result:
-                result[name][h].append(row[name])
+            for name, rows in result.items():
+                rows[h].append(row[name])
             head_weights.append((keys, row["p"], row["ds"]))
         weights.append(head_weights)
     if dout is None:

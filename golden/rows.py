@@ -14,12 +14,15 @@ differs is how they are evaluated:
   ``sum_j P_ij v_j`` and ``sum_j dS_ij k_j`` are exact too and rounded once;
 * ``exp``, ``log``, division and every rounding are mpmath's (``libmp``,
   round to nearest) at ``precision_bits``; ``D_i`` is the exact dot product
-  of ``dO_i`` with the exact ``O_i`` of the rounded ``P``.
+  of ``dO_i`` with the exact ``O_i`` of the rounded ``P``, and ``dP_ij - D_i``
+  is evaluated around a pivot key as in :mod:`golden.fast` (step 4), the
+  integers ``dP_ij - dP_{i,pivot}`` being exact.
 
-A query row gives ``out``, ``lse``, ``delta`` and ``dq``.  A key row gives
-``dk`` and ``dv``, which sum over every query that sees the key, so it takes
-``LSE`` and ``D`` of those queries as arguments (see :mod:`golden.certify`
-for why the fast path's values may be used there).
+A query row gives ``out``, ``lse``, ``delta``, the offset ``D_i - dP_{i,pivot}``
+and ``dq``.  A key row gives ``dk`` and ``dv``, which sum over every query
+that sees the key, so it takes ``LSE`` and the offset of those queries as
+arguments (see :mod:`golden.certify` for why the fast path's values may be
+used there).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ class Exact:
     exponent: int
     values: np.ndarray
 
-    def rows(self, index) -> "Exact":
+    def rows(self, index) -> Exact:
         return Exact(self.limbs[:, index], self.exponent, self.values[index])
 
     def ints(self) -> np.ndarray:
@@ -164,7 +167,8 @@ def query_row(
     values["delta"] = libmp.from_man_exp(int(out_ints @ dout_x.ints()), out_exp + dout_x.exponent, prec, RND)
     dp, dp_exp = dot(v, dout_x)
     shifted = dp - dp[pivot]
-    offset = libmp.mpf_sum([libmp.mpf_mul(p_j, libmp.from_man_exp(x, dp_exp)) for p_j, x in zip(p_values, shifted)], prec, RND)
+    terms = [libmp.mpf_mul(p_j, libmp.from_man_exp(x, dp_exp)) for p_j, x in zip(p_values, shifted)]
+    offset = libmp.mpf_sum(terms, prec, RND)
     ds = _ds(p_values, shifted, dp_exp, [offset] * len(p_values), prec, k)
     dq_ints, dq_exp = dot(ds, k)
     values.update(
@@ -249,5 +253,5 @@ def _weights(values: list, other: Exact) -> Exact:
         for index in range(count):
             limbs[index, column] = -(magnitude & _LIMB_MASK) if sign else magnitude & _LIMB_MASK
             magnitude >>= LIMB_BITS
-    approximations = sum(np.ldexp(limb.astype(np.float64), LIMB_BITS * index + base) for index, limb in enumerate(limbs))
+    approximations = sum(np.ldexp(limb.astype(np.float64), LIMB_BITS * i + base) for i, limb in enumerate(limbs))
     return Exact(limbs, base, approximations)

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
-from hypothesis import note, target
+from hypothesis import note, reject, target
 
 import golden
 from properties import relations
@@ -25,6 +25,7 @@ from properties.runs import KernelFailure, Outputs, run
 from properties.session import Suite
 from verify import error_model
 from verify.case import Case, CaseSpec, make_case
+from verify.errors import UnsupportedCase
 from verify.check import check_case
 from verify.metrics import OutputComparison, describe_failure
 from verify.results import CaseResult
@@ -42,6 +43,12 @@ def _introduce(suite: Suite, spec: CaseSpec) -> None:
     note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
 
 
+def _declined(suite: Suite, reason: str) -> NoReturn:
+    """Discard an example the kernel declined at run time, counting it as unsupported."""
+    suite.decline(reason)
+    reject()
+
+
 def _failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> Verdict:
     suite.observe(label, math.inf, spec)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
@@ -56,6 +63,8 @@ def against_golden(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
     _introduce(suite, spec)
     label = output
     result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
+    if result.status == "unsupported":
+        _declined(suite, result.reason or "")
     comparison = result.comparisons.get(output)
     if comparison is None:
         return _failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
@@ -68,6 +77,8 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> Verdict:
     _introduce(suite, spec)
     label = "non-finite elements"
     result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
+    if result.status == "unsupported":
+        _declined(suite, result.reason or "")
     if not result.comparisons:
         return _failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
     counts = {name: comparison.nonfinite for name, comparison in result.comparisons.items()}
@@ -122,6 +133,8 @@ def _runs(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool
     """The kernel's outputs on each case, or the failed verdict of a kernel that raised or broke the contract."""
     try:
         return [run(suite.kernel, case, backward=backward) for case in cases]
+    except UnsupportedCase as exc:
+        _declined(suite, str(exc))
     except KernelFailure as failure:
         return _failed_run(suite, spec, label, str(failure))
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 import pytest
 from hypothesis import Phase, given, settings
+from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from properties import profiles
@@ -103,8 +104,10 @@ def catch_settings(profile: profiles.Profile) -> settings:
     )
 
 
-def search(test: Callable, suite: Suite, search_settings: settings) -> SearchResult:
+def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int | None = None) -> SearchResult:
     """Run property ``test`` against ``suite`` under ``search_settings``; stop at its first failure.
+
+    ``seed`` fixes Hypothesis' random seed (for settings that are not derandomized).
 
     A failure is an ``AssertionError`` from the property (a ``Verdict``) or
     any exception from the kernel; an error in fa2-verify itself
@@ -129,6 +132,8 @@ def search(test: Callable, suite: Suite, search_settings: settings) -> SearchRes
             raise
 
     runner = given(data=st.data())(settings(search_settings)(counted))
+    if seed is not None:
+        runner = hypothesis_seed(seed)(runner)
     start = time.perf_counter()
     try:
         runner(suite)

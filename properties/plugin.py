@@ -64,6 +64,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"property-suite profile: {', '.join(profiles.PROFILES)} (default dev)",
     )
     group.addoption(
+        "--fa2-dtypes",
+        default=None,
+        metavar="LIST",
+        help="comma-separated dtypes to draw (default: every dtype the kernel supports on the device)",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -101,15 +107,19 @@ def pytest_configure(config: pytest.Config) -> None:
     profiles.select(profile_name, database_dir=database_dir)
     kernel_name = config.getoption("kernel") or DEFAULT_KERNEL
     device = config.getoption("device") or DEFAULT_DEVICE
-    if config.getoption("kernel") is not None or config.getoption("device") is not None:
+    dtypes_option = config.getoption("fa2_dtypes")
+    dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
+    if any(config.getoption(name) is not None for name in ("kernel", "device", "fa2_dtypes")):
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
-        device = _validate_target(kernel_name, device, workerinput, pin=runs_tests)
-    config.stash[_options_key] = {"kernel": kernel_name, "device": device, "profile": profile_name}
+        device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
+    config.stash[_options_key] = {"kernel": kernel_name, "device": device, "profile": profile_name, "dtypes": dtypes}
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
 
 
-def _validate_target(kernel_name: str, device: str, workerinput: dict[str, Any] | None, *, pin: bool) -> str:
+def _validate_target(
+    kernel_name: str, device: str, dtypes: tuple[str, ...] | None, workerinput: dict[str, Any] | None, *, pin: bool
+) -> str:
     """Load the kernel and check the device now, so a typo fails before any test; return the worker's device.
 
     ``pin``: make the device current in this process (a process that runs tests).
@@ -128,9 +138,16 @@ def _validate_target(kernel_name: str, device: str, workerinput: dict[str, Any] 
     except Fa2VerifyError as exc:
         raise _usage("--device", device, str(exc).removeprefix(f"--device={device}: ")) from None
     try:
-        load_kernel(kernel_name)
+        kernel = load_kernel(kernel_name)
     except Fa2VerifyError as exc:
         raise _usage("--kernel", kernel_name, str(exc)) from None
+    if dtypes is not None:
+        supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())
+        unknown = [name for name in dtypes if name not in supported]
+        if unknown or not dtypes:
+            raise _usage(
+                "--fa2-dtypes", ",".join(dtypes), f"use names from {','.join(supported)} ({kernel_name} on {device})"
+            )
     if device.startswith("cuda"):
         device = worker_device(device, (workerinput or {}).get("workerid"), torch.cuda.device_count())
         if pin:
@@ -157,12 +174,14 @@ def suite(request: pytest.FixtureRequest):
         kernel = load_kernel(options["kernel"])
     except Fa2VerifyError as exc:
         raise _usage("--kernel", options["kernel"], str(exc)) from None
-    return Suite(
+    suite = Suite(
         kernel=kernel,
         device=options["device"],
         profile=profiles.get(options["profile"]),
         golden_options=GoldenOptions(cache_dir=golden_cache_dir(request.config.rootpath)),
+        dtypes=options["dtypes"],
     )
+    return suite
 
 
 def _is_property(item: pytest.Item) -> bool:
@@ -191,8 +210,7 @@ def pytest_runtest_call(item: pytest.Item):
     try:
         return (yield)
     finally:
-        observed = [worst.to_dict() for worst in suite.take_observations()]
-        item.user_properties.append((_OBSERVED, json.dumps(observed)))
+        item.user_properties.append((_OBSERVED, json.dumps(suite.take_observations())))
 
 
 class Summary:
@@ -200,6 +218,7 @@ class Summary:
 
     def __init__(self) -> None:
         self.unsupported: dict[str, int] = {}
+        self.declined: dict[str, int] = {}
         self.examples = 0
         self.seconds = 0.0
         self.worst: dict[tuple[str, str], dict[str, Any]] = {}
@@ -211,8 +230,11 @@ class Summary:
             elif key == _OBSERVED and report.when == "call":
                 self.seconds += report.duration
                 test = report.nodeid.split("::")[-1]
-                records = json.loads(value)
+                observed = json.loads(value)
+                records = observed["worst"]
                 self.examples += max((record["examples"] for record in records), default=0)
+                for reason, count in observed["unsupported"].items():
+                    self.declined[reason] = self.declined.get(reason, 0) + count
                 for record in records:
                     current = self.worst.get((test, record["label"]))
                     if current is None or float(record["score"]) > float(current["score"]):
@@ -227,6 +249,8 @@ class Summary:
             )
         for reason, count in sorted(self.unsupported.items()):
             lines.append(f"unsupported: {count} property test(s): {reason}")
+        for reason, count in sorted(self.declined.items()):
+            lines.append(f"unsupported: {count} example(s) declined by the kernel: {reason}")
         for (test, label), record in sorted(self.worst.items()):
             lines.append(f"worst {label} in {test}: {float(record['score']):.3g} over {record['examples']} examples")
             lines.append(f"    {record['reproduction']}")

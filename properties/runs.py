@@ -5,7 +5,8 @@ inputs, so they need the tensors themselves (:func:`verify.check.check_case`
 returns only comparisons).  Every call runs under :func:`verify.poison.poisoned`,
 so an element the kernel never writes reads NaN; an exception from the kernel
 or an output of the wrong shape or dtype becomes a :class:`KernelFailure`,
-which the property reports as a failure of the kernel.
+which the property reports as a failure of the kernel.  A kernel that raises
+:class:`~verify.errors.UnsupportedCase` declines the case; that propagates.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import dataclasses
 import torch
 
 from verify.case import Case
+from verify.errors import UnsupportedCase
 from verify.poison import poisoned
 from verify.registry import LoadedKernel
 
@@ -58,6 +60,8 @@ def _call(kernel: LoadedKernel, entry: str, names: tuple[str, ...], case: Case, 
     try:
         with poisoned(case.q.device, [expected[name] for name in names]):
             returned = call()
+    except UnsupportedCase:
+        raise
     except Exception as exc:
         raise KernelFailure(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(returned, (tuple, list)) or len(returned) != len(names):

@@ -49,13 +49,19 @@ def _decode(value: float | str) -> float:
 
 @dataclasses.dataclass(repr=False)
 class Suite:
-    """The kernel under test and the run's settings; ``golden_options`` are passed to ``golden.compute``."""
+    """The kernel under test and the run's settings.
+
+    ``golden_options`` are passed to ``golden.compute``; ``dtypes``, if given,
+    restricts the dtypes drawn (to those the kernel also supports).
+    """
 
     kernel: LoadedKernel
     device: str
     profile: Profile
     golden_options: Any = None
+    dtypes: tuple[str, ...] | None = None
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
+    _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
 
     def __repr__(self) -> str:
         return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
@@ -66,7 +72,9 @@ class Suite:
 
     def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
         """:func:`properties.cases.case_specs` for this kernel, device and profile."""
-        return case_specs(capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, **options)
+        return case_specs(
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+        )
 
     def observe(self, label: str, score: float, spec: CaseSpec) -> None:
         """Record one checked example: its ``score`` under ``label`` (NaN counts as +inf)."""
@@ -79,7 +87,15 @@ class Suite:
             worst.score = score
             worst.reproduction = spec.reproduction(self.kernel.name)
 
-    def take_observations(self) -> list[Worst]:
-        """The observations since the last call (one test's), and start afresh."""
-        observed, self._worst = list(self._worst.values()), {}
+    def decline(self, reason: str) -> None:
+        """Record an example the kernel declined at run time (:class:`~verify.errors.UnsupportedCase`)."""
+        self._unsupported[reason] = self._unsupported.get(reason, 0) + 1
+
+    def take_observations(self) -> dict[str, Any]:
+        """What was observed since the last call (one test's), as JSON-ready data; then start afresh."""
+        observed = {
+            "worst": [worst.to_dict() for worst in self._worst.values()],
+            "unsupported": dict(self._unsupported),
+        }
+        self._worst, self._unsupported = {}, {}
         return observed

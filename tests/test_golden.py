@@ -41,7 +41,8 @@ def test_equal_scores_give_mean_of_v_and_lse_s_plus_log_n(method, causal):
     q, _, v, dout = _inputs(seqlen_q=3, seqlen_k=6, heads_q=2, heads_kv=2)
     k = _randn(1, 1, 2, 3, seed=7).expand(1, 6, 2, 3).contiguous()
     scale = 0.7
-    result = golden.compute(q, k, v, dout, softmax_scale=scale, causal=causal, options=golden.GoldenOptions(method=method))
+    options = golden.GoldenOptions(method=method)
+    result = golden.compute(q, k, v, dout, softmax_scale=scale, causal=causal, options=options)
     visible = visible_mask(3, 6, causal=causal)
     q64, k64, v64 = (t.double() for t in (q, k, v))
     for h in range(2):
@@ -56,7 +57,10 @@ def test_equal_scores_give_mean_of_v_and_lse_s_plus_log_n(method, causal):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_one_visible_key_gives_that_v_row(method):
-    """window (0, 0), seqlen_q = seqlen_k: query i sees only key i, so out_i = v_i, LSE_i = S_ii, dq = dk = 0, dv_i = sum of dout_i."""
+    """window (0, 0), seqlen_q = seqlen_k: query i sees only key i.
+
+    So out_i = v_i, LSE_i = S_ii, dq = dk = 0 and dv_i = the sum of the group's dout_i.
+    """
     q, k, v, dout = _inputs(seqlen_q=5, seqlen_k=5, heads_q=4, heads_kv=2)
     scale = 0.5
     result = golden.compute(
@@ -90,7 +94,8 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf(method):
 def test_keys_no_query_sees_have_zero_dk_dv(method):
     """window (0, 0) with seqlen_k > seqlen_q: only the last seqlen_q keys are seen."""
     q, k, v, dout = _inputs(seqlen_q=2, seqlen_k=5)
-    result = golden.compute(q, k, v, dout, softmax_scale=0.6, window_size=(0, 0), options=golden.GoldenOptions(method=method))
+    options = golden.GoldenOptions(method=method)
+    result = golden.compute(q, k, v, dout, softmax_scale=0.6, window_size=(0, 0), options=options)
     assert torch.equal(result.dk[:, :3], torch.zeros_like(result.dk[:, :3]))
     assert torch.equal(result.dv[:, :3], torch.zeros_like(result.dv[:, :3]))
     assert result.dv[:, 3:].abs().min() > 0
@@ -117,7 +122,7 @@ def _finite_difference_case():
     """Inputs as mpf nested lists (one batch element), GQA 2:1 and a sliding window."""
     ctx = mp.context(113)
     q, k, v, dout = (t.double().numpy()[0].transpose(1, 0, 2) for t in _inputs(seqlen_q=3, seqlen_k=4, head_dim=2))
-    to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in row] for row in head] for head in array]  # noqa: E731
+    to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in row] for row in head] for head in array]
     mask = visible_mask(3, 4, window_size=(1, 1)).numpy()
     return ctx, to_mpf(q), to_mpf(k), to_mpf(v), to_mpf(dout), mask
 
@@ -177,7 +182,7 @@ def test_auto_uses_mpmath_up_to_the_threshold_and_fast_above():
 
 def test_precision_bits_is_honoured():
     """64 and 113 bits differ, by less than 2**-58 relative, and both round to nearly the same float64."""
-    ctx_low, q, k, v, dout, mask = _finite_difference_case()
+    _, q, k, v, dout, mask = _finite_difference_case()
     low = mp.attention_mpf(mp.context(64), q, k, v, dout, mask=mask, scale=0.75)
     high = mp.attention_mpf(mp.context(113), q, k, v, dout, mask=mask, scale=0.75)
     differences = [abs(a - b) / abs(b) for a, b in zip(low["lse"][0], high["lse"][0])]
@@ -205,21 +210,21 @@ def _bad_calls() -> dict:
     nan_q = q.clone()
     nan_q[0, 1, 0, 2] = float("nan")
     return {
-        "q-not-tensor": (dict(q=q.tolist()), "q is a list"),
-        "q-3d": (dict(q=q[0]), "q.shape="),
-        "q-int": (dict(q=q.to(torch.int32)), "q.dtype="),
-        "q-nan": (dict(q=nan_q), r"q\[0, 1, 0, 2\]=nan"),
-        "k-batch": (dict(k=torch.cat([k, k])), "k.shape="),
-        "v-shape": (dict(v=v[:, :3]), "v.shape="),
-        "heads-not-multiple": (dict(k=torch.cat([k] * 3, 2), v=torch.cat([v] * 3, 2)), "heads_q=2"),
-        "dout-shape": (dict(dout=dout[:, :2]), "dout.shape="),
-        "scale-none": (dict(softmax_scale=None), "softmax_scale=None"),
-        "scale-nan": (dict(softmax_scale=float("nan")), "softmax_scale=nan"),
-        "scale-bool": (dict(softmax_scale=True), "softmax_scale=True"),
-        "causal-str": (dict(causal="yes"), "causal='yes'"),
-        "window-short": (dict(window_size=(1,)), r"window_size=\(1,\)"),
-        "window-below-minus-one": (dict(window_size=(-2, 0)), r"window_size=\(-2, 0\)"),
-        "options-dict": (dict(options={"method": "fast"}), "options="),
+        "q-not-tensor": ({"q": q.tolist()}, "q is a list"),
+        "q-3d": ({"q": q[0]}, "q.shape="),
+        "q-int": ({"q": q.to(torch.int32)}, "q.dtype="),
+        "q-nan": ({"q": nan_q}, r"q\[0, 1, 0, 2\]=nan"),
+        "k-batch": ({"k": torch.cat([k, k])}, "k.shape="),
+        "v-shape": ({"v": v[:, :3]}, "v.shape="),
+        "heads-not-multiple": ({"k": torch.cat([k] * 3, 2), "v": torch.cat([v] * 3, 2)}, "heads_q=2"),
+        "dout-shape": ({"dout": dout[:, :2]}, "dout.shape="),
+        "scale-none": ({"softmax_scale": None}, "softmax_scale=None"),
+        "scale-nan": ({"softmax_scale": float("nan")}, "softmax_scale=nan"),
+        "scale-bool": ({"softmax_scale": True}, "softmax_scale=True"),
+        "causal-str": ({"causal": "yes"}, "causal='yes'"),
+        "window-short": ({"window_size": (1,)}, r"window_size=\(1,\)"),
+        "window-below-minus-one": ({"window_size": (-2, 0)}, r"window_size=\(-2, 0\)"),
+        "options-dict": ({"options": {"method": "fast"}}, "options="),
     }
 
 
@@ -235,14 +240,14 @@ def test_bad_arguments_raise_usage_errors_naming_them(name):
 @pytest.mark.parametrize(
     "options, argument",
     [
-        (dict(precision_bits=53), "precision_bits"),
-        (dict(precision_bits="113"), "precision_bits"),
-        (dict(precision_bits=True), "precision_bits"),
-        (dict(method="fastest"), "method"),
-        (dict(certify_rows=0), "certify_rows"),
-        (dict(certify_rows=2.5), "certify_rows"),
-        (dict(cache_dir=123), "cache_dir"),
-        (dict(cache_dir=""), "cache_dir"),
+        ({"precision_bits": 53}, "precision_bits"),
+        ({"precision_bits": "113"}, "precision_bits"),
+        ({"precision_bits": True}, "precision_bits"),
+        ({"method": "fastest"}, "method"),
+        ({"certify_rows": 0}, "certify_rows"),
+        ({"certify_rows": 2.5}, "certify_rows"),
+        ({"cache_dir": 123}, "cache_dir"),
+        ({"cache_dir": ""}, "cache_dir"),
     ],
     ids=lambda x: str(x),
 )

@@ -31,20 +31,20 @@ def _case(batch=1, seqlen_q=6, seqlen_k=7, heads_q=2, heads_kv=1, head_dim=4, dt
 
 
 CASES = {
-    "full": (dict(), dict()),
-    "causal": (dict(), dict(causal=True)),
-    "causal-sq<sk": (dict(seqlen_q=3, seqlen_k=8), dict(causal=True)),
-    "causal-sq>sk-empty-rows": (dict(seqlen_q=8, seqlen_k=3), dict(causal=True)),
-    "window": (dict(), dict(window_size=(2, 1))),
-    "window-left-only": (dict(seqlen_q=7, seqlen_k=5), dict(window_size=(1, -1))),
-    "window-unseen-keys": (dict(seqlen_q=2, seqlen_k=7), dict(window_size=(0, 0))),
-    "gqa": (dict(heads_q=4, heads_kv=2, batch=2), dict(causal=True)),
-    "mqa": (dict(heads_q=3, heads_kv=1), dict(window_size=(3, 0))),
-    "bfloat16": (dict(dtype=torch.bfloat16), dict(causal=True)),
-    "float32": (dict(dtype=torch.float32), dict()),
-    "float64": (dict(dtype=torch.float64), dict(window_size=(1, 2))),
-    "large-logits": (dict(dtype=torch.float32, spread=12.0), dict()),
-    "negative-scale": (dict(), dict(softmax_scale=-0.8)),
+    "full": ({}, {}),
+    "causal": ({}, {"causal": True}),
+    "causal-sq<sk": ({"seqlen_q": 3, "seqlen_k": 8}, {"causal": True}),
+    "causal-sq>sk-empty-rows": ({"seqlen_q": 8, "seqlen_k": 3}, {"causal": True}),
+    "window": ({}, {"window_size": (2, 1)}),
+    "window-left-only": ({"seqlen_q": 7, "seqlen_k": 5}, {"window_size": (1, -1)}),
+    "window-unseen-keys": ({"seqlen_q": 2, "seqlen_k": 7}, {"window_size": (0, 0)}),
+    "gqa": ({"heads_q": 4, "heads_kv": 2, "batch": 2}, {"causal": True}),
+    "mqa": ({"heads_q": 3, "heads_kv": 1}, {"window_size": (3, 0)}),
+    "bfloat16": ({"dtype": torch.bfloat16}, {"causal": True}),
+    "float32": ({"dtype": torch.float32}, {}),
+    "float64": ({"dtype": torch.float64}, {"window_size": (1, 2)}),
+    "large-logits": ({"dtype": torch.float32, "spread": 12.0}, {}),
+    "negative-scale": ({}, {"softmax_scale": -0.8}),
 }
 
 
@@ -82,12 +82,13 @@ def test_fast_forward_only_matches_mpmath():
     _assert_close_to_mpmath(expected, actual, 2.0**-46)
 
 
-def test_query_blocks_give_the_same_result(monkeypatch):
-    """Blocks of two query rows (dK, dV accumulated over blocks) agree with mpmath too."""
-    q, k, v, dout = _case(heads_q=4, heads_kv=2, seqlen_q=7)
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 7)
-    actual = golden.compute(q, k, v, dout, softmax_scale=0.5, causal=True, options=FAST)
-    expected = golden.compute(q, k, v, dout, softmax_scale=0.5, causal=True, options=MPMATH)
+@pytest.mark.parametrize("mask", [{"causal": True}, {"window_size": (1, 2)}, {}], ids=["causal", "window", "full"])
+def test_query_blocks_give_the_same_result(monkeypatch, mask):
+    """Blocks of two query rows, each over only the keys it sees (dK, dV accumulated over blocks), agree with mpmath."""
+    q, k, v, dout = _case(heads_q=4, heads_kv=2, seqlen_q=7, seqlen_k=9)
+    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 9)
+    actual = golden.compute(q, k, v, dout, softmax_scale=0.5, **mask, options=FAST)
+    expected = golden.compute(q, k, v, dout, softmax_scale=0.5, **mask, options=MPMATH)
     _assert_close_to_mpmath(expected, actual, 2.0**-46)
 
 
@@ -129,6 +130,23 @@ def test_certification_fails_on_a_corrupted_fast_path(monkeypatch, name):
         golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=FAST)
 
 
+@pytest.mark.parametrize("name", ["out", "lse", "dq", "dk", "dv"])
+def test_a_nan_anywhere_fails_certification(monkeypatch, name):
+    """NaN never passes, even in a row the certification does not sample."""
+    q, k, v, dout = _case(seqlen_q=40, seqlen_k=40)
+    original = fast.attention
+
+    def with_nan(problem):
+        result = original(problem)
+        array = getattr(result, name).copy()
+        array[0, -1, 20, ...] = np.nan
+        return dataclasses.replace(result, **{name: array})
+
+    monkeypatch.setattr(fast, "attention", with_nan)
+    with pytest.raises(GoldenError, match=rf"produced {name}\[0, \d, 20"):
+        golden.compute(q, k, v, dout, softmax_scale=0.45, options=FAST)
+
+
 def test_certification_passes_the_uncorrupted_fast_path():
     problem = _problem(heads_q=4, heads_kv=2)
     bounds = certify.certify(problem, fast.attention(problem), rows=4, precision_bits=113, seed=0)
@@ -151,14 +169,12 @@ def test_rows_reference_agrees_with_plain_mpmath():
     """golden.rows (exact integer dot products) and golden.mp (mpmath fdot) agree to ~2**-105."""
     problem = _problem(heads_q=2, heads_kv=1, seqlen_q=5, seqlen_k=6)
     ctx = mp.context(113)
-    to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]  # noqa: E731
+    to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]
     q, k, v, dout = (to_mpf(getattr(problem, n)[0]) for n in ("q", "k", "v", "dout"))
     plain = mp.attention_mpf(ctx, q, k, v, dout, mask=problem.mask, scale=ctx.mpf(0.45))
     scores = np.where(problem.mask, problem.q[0] @ problem.k[0, 0].T, -np.inf)
     pivots = np.argmax(scores, axis=-1)
-    offsets = [
-        [plain["delta"][h][i] - ctx.fdot(dout[h][i], v[0][pivots[h, i]]) for i in range(5)] for h in range(2)
-    ]
+    offsets = [[plain["delta"][h][i] - ctx.fdot(dout[h][i], v[0][pivots[h, i]]) for i in range(5)] for h in range(2)]
     tolerance = ctx.ldexp(1, -105)
     k_x, v_x = rows.exact(problem.k[0, 0]), rows.exact(problem.v[0, 0])
     for h in range(2):

@@ -78,13 +78,6 @@ class Corpus:
             )
         return tuple(spec for spec in self.cases if spec.dtype in dtypes)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "corpus_version": self.version,
-            "cases": [spec.to_dict() for spec in self.cases],
-        }
-
     def with_case(self, spec: CaseSpec) -> Corpus:
         """A new corpus version with ``spec`` appended.
 

@@ -166,15 +166,17 @@ def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     Bug class: keeping S = Q K^T, or the scaled scores, in the input dtype
     before the softmax (FA2 keeps S in float32, Algorithm 1 line 8), or folding
     softmax_scale * log2(e) into q in float16.  Either overflows to inf on
-    these inputs.  Scores of different keys differ by at least 8 after scaling,
-    so a correct float32 softmax is well conditioned despite their size.
+    these inputs.  Keys are 16 to 32 apart in scaled score (less when a tiny
+    scale and many keys would leave a key with under half the largest gain),
+    far more than the rounding of q and k to float16 moves a score, so a
+    correct float32 softmax is well conditioned despite the scores' size.
     """
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     ceiling = 0.9 * min(torch.finfo(torch.float16).max, _finfo(spec).max)
     row_gain = _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 0.5, 1.0) * ceiling**0.5
     rank = torch.rand((spec.batch, spec.seqlen_k, spec.heads_kv, 1), generator=rng).argsort(dim=1)
-    step = 8.0 / (spec.scale * ceiling**0.5)
+    step = min(32.0 / (spec.scale * ceiling**0.5), ceiling**0.5 / (2 * max(spec.seqlen_k, 1)))
     key_gain = ceiling**0.5 - step * rank.to(_FLOAT64)
     q = row_gain * u_q
     k = key_gain * u_kv
@@ -241,10 +243,10 @@ def dominant_key(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
 
     Softmax rows are then one-hot up to e^-10 .. e^-60, which underflows in
     float16.  The dominant key sits at a random position (often in a late key
-    block, so the accumulated O must be rescaled to almost nothing).  Bug
-    class: a wrong rescale when the maximum jumps (FA2 Algorithm 1 line 10),
-    normalisation by a stale l, and backward cancellation in dS = P (dP - D)
-    when P is nearly one-hot.
+    block, so the accumulated O must be rescaled to almost nothing).
+    Bug class: a wrong rescale when the maximum jumps (FA2 Algorithm 1 line
+    10), normalisation by a stale l, and backward cancellation in
+    dS = P (dP - D) when P is nearly one-hot.
     """
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
@@ -285,8 +287,8 @@ def v_dynamic_range(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
 def subnormals(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     """Half of all q, k, v, dout entries are subnormal in the dtype, the rest normal.
 
-    Some V rows are entirely subnormal, so whole output rows are tiny.  Bug
-    class: flushing subnormal inputs or results to zero (FTZ/DAZ), which
+    Some V rows are entirely subnormal, so whole output rows are tiny.
+    Bug class: flushing subnormal inputs or results to zero (FTZ/DAZ), which
     loses those rows and their gradients entirely, and scale factors computed
     from a row's magnitude that divide by zero.
     """

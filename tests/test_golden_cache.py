@@ -1,0 +1,205 @@
+"""The on-disk golden cache: hits, misses, keys, corruption and concurrent writers."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import golden
+from golden import cache, fast, mp
+from golden.cache import GoldenCacheWarning
+from golden.options import CACHE_ENV
+from verify.errors import UsageError
+
+OUTPUTS = ("out", "lse", "delta", "dq", "dk", "dv")
+
+
+def _inputs(seed=0, dtype=torch.float16):
+    generator = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(1, 4, 2, 3, generator=generator, dtype=torch.float64).to(dtype) for _ in range(2))
+    k, v = (torch.randn(1, 5, 1, 3, generator=generator, dtype=torch.float64).to(dtype) for _ in range(2))
+    return q, k, v, dout
+
+
+def _compute(cache_dir, *, inputs=None, method="mpmath", **call):
+    call = {"softmax_scale": 0.4, **call}
+    options = golden.GoldenOptions(method=method, cache_dir=cache_dir)
+    return golden.compute(*(inputs or _inputs()), **call, options=options)
+
+
+def _entries(directory):
+    return sorted(p.name for p in directory.iterdir())
+
+
+def _assert_same(a, b):
+    assert (a.method, a.certified_bound) == (b.method, b.certified_bound)
+    for name in OUTPUTS:
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+
+
+def _forbid_computing(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the golden was recomputed")
+
+    monkeypatch.setattr(mp, "attention", refuse)
+    monkeypatch.setattr(fast, "attention", refuse)
+
+
+@pytest.mark.parametrize("method", ["mpmath", "fast"])
+def test_miss_writes_one_entry_and_hit_reads_it_without_computing(tmp_path, monkeypatch, method):
+    first = _compute(tmp_path, method=method)
+    assert len(_entries(tmp_path)) == 1 and _entries(tmp_path)[0].endswith(".golden")
+    _forbid_computing(monkeypatch)
+    second = _compute(tmp_path, method=method)
+    _assert_same(first, second)
+
+
+def test_no_cache_dir_and_no_environment_means_no_cache(tmp_path, monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    _compute(None)
+    assert _entries(tmp_path) == []
+
+
+def test_environment_variable_names_the_cache_when_cache_dir_is_none(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "shared"))
+    first = _compute(None)
+    assert len(_entries(tmp_path / "shared")) == 1
+    monkeypatch.setenv(CACHE_ENV, "")
+    assert golden.GoldenOptions().resolved_cache_dir() is None
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "shared"))
+    _forbid_computing(monkeypatch)
+    _assert_same(first, _compute(None))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"softmax_scale": 0.5},
+        {"causal": True},
+        {"window_size": (1, 0)},
+        {"inputs": _inputs(seed=1)},
+        {"inputs": tuple(t.to(torch.bfloat16) for t in _inputs())},
+        {"method": "fast"},
+    ],
+    ids=["scale", "causal", "window", "values", "dtype", "method"],
+)
+def test_everything_the_golden_depends_on_is_in_the_key(tmp_path, change):
+    _compute(tmp_path)
+    _compute(tmp_path, **change)
+    assert len(_entries(tmp_path)) == 2
+
+
+def test_causal_and_the_equivalent_window_share_an_entry(tmp_path):
+    """causal=True is window_size=(-1, 0): the same mask, the same golden, one entry."""
+    _compute(tmp_path, causal=True)
+    _compute(tmp_path, window_size=(-1, 0))
+    assert len(_entries(tmp_path)) == 1
+
+
+def test_precision_and_certify_rows_are_in_the_key(tmp_path):
+    golden.compute(*_inputs(), softmax_scale=0.4, options=golden.GoldenOptions(method="mpmath", cache_dir=tmp_path))
+    options = golden.GoldenOptions(method="mpmath", precision_bits=128, cache_dir=tmp_path)
+    golden.compute(*_inputs(), softmax_scale=0.4, options=options)
+    golden.compute(*_inputs(), softmax_scale=0.4, options=golden.GoldenOptions(method="fast", cache_dir=tmp_path))
+    golden.compute(
+        *_inputs(), softmax_scale=0.4, options=golden.GoldenOptions(method="fast", certify_rows=2, cache_dir=tmp_path)
+    )
+    assert len(_entries(tmp_path)) == 4
+
+
+def _damage(path, how):
+    blob = path.read_bytes()
+    if how == "flipped-byte":
+        position = len(blob) - 100
+        path.write_bytes(blob[:position] + bytes([blob[position] ^ 0xFF]) + blob[position + 1 :])
+    elif how == "truncated":
+        path.write_bytes(blob[: len(blob) // 2])
+    elif how == "garbage":
+        path.write_bytes(b"not a golden cache entry\n")
+    elif how == "empty":
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize("how", ["flipped-byte", "truncated", "garbage", "empty"])
+def test_corrupt_entry_is_detected_recomputed_and_replaced(tmp_path, how):
+    first = _compute(tmp_path)
+    (entry,) = tmp_path.iterdir()
+    _damage(entry, how)
+    with pytest.warns(GoldenCacheWarning, match="corrupt"):
+        second = _compute(tmp_path)
+    _assert_same(first, second)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_same(first, _compute(tmp_path))
+
+
+def test_entry_under_another_key_is_not_trusted(tmp_path):
+    """A valid file renamed to another key's name (e.g. a botched copy) is corrupt there."""
+    _compute(tmp_path)
+    (entry,) = tmp_path.iterdir()
+    other = _compute(tmp_path / "other", softmax_scale=0.5)
+    (other_entry,) = (tmp_path / "other").iterdir()
+    os.replace(entry, tmp_path / other_entry.name)
+    with pytest.warns(GoldenCacheWarning, match="holds key"):
+        recomputed = _compute(tmp_path, softmax_scale=0.5)
+    _assert_same(other, recomputed)
+
+
+def test_entry_with_wrong_shapes_is_not_trusted(tmp_path):
+    key = "0" * 64
+    cache.store(tmp_path, key, {"out": np.zeros((1, 2, 3, 4))}, {"method": "mpmath", "certified_bound": {}})
+    with pytest.warns(GoldenCacheWarning, match="expected float64"):
+        assert cache.load(tmp_path, key, {"out": (1, 2, 3, 5)}) is None
+    assert cache.load(tmp_path, key, {"out": (1, 2, 3, 4)}) is not None
+
+
+WRITER = """
+import pathlib, sys, time
+import numpy as np
+from golden import cache
+directory, key, seed, go = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), pathlib.Path(sys.argv[4])
+arrays = {"out": np.random.default_rng(seed % 2).standard_normal((64, 64))}
+while not go.exists():
+    time.sleep(0.001)
+for _ in range(40):
+    cache.store(directory, key, arrays, {"method": "fast", "certified_bound": {"out": 0.0}})
+"""
+
+
+def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
+    """Four processes rewrite one entry while this one reads it: every read is a valid entry or a miss."""
+    key, go = "ab" * 32, tmp_path / "go"
+    directory = tmp_path / "cache"
+    root = pathlib.Path(__file__).resolve().parents[1]
+    writers = [
+        subprocess.Popen([sys.executable, "-c", WRITER, str(directory), key, str(seed), str(go)], cwd=root)
+        for seed in range(4)
+    ]
+    expected = [np.random.default_rng(seed).standard_normal((64, 64)) for seed in (0, 1)]
+    go.touch()
+    reads = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        while any(process.poll() is None for process in writers) or reads == 0:
+            loaded = cache.load(directory, key, {"out": (64, 64)})
+            if loaded is not None:
+                reads += 1
+                assert any(np.array_equal(loaded[0]["out"], value) for value in expected)
+    assert [process.wait() for process in writers] == [0, 0, 0, 0]
+    assert reads > 0
+    assert _entries(directory) == [f"{key}.golden"]
+
+
+def test_unwritable_cache_dir_is_a_usage_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the cache directory should be")
+    with pytest.raises(UsageError, match="cache_dir="):
+        _compute(blocker)

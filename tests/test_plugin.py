@@ -1,0 +1,153 @@
+"""The pytest plugin end to end (``pytester``), and its small pure helpers.
+
+Each end-to-end run is a subprocess (the plugin keeps per-process state, as
+any pytest plugin that configures a session does), with the repository and
+the test's own directory on ``PYTHONPATH`` so ``tests.mutants:NAME`` and a
+kernel module written by the test load by ``module:attr``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from properties import plugin, profiles
+
+pytest_plugins = ("pytester",)
+
+FORWARD_ONLY = '''
+import dataclasses
+from kernels.reference import DEFERRED
+
+class ForwardOnly:
+    """The reference forward without a backward pass."""
+    capabilities = dataclasses.replace(DEFERRED.capabilities, backward=False, deterministic_backward=False)
+
+    def forward(self, q, k, v, **options):
+        return DEFERRED.forward(q, k, v, **options)
+
+KERNEL = ForwardOnly()
+'''
+
+
+@pytest.fixture
+def run(pytester, pytestconfig, monkeypatch):
+    """Run pytest in a subprocess with the plugin loaded, as an installed plugin is."""
+    paths = [str(pytester.path), str(pytestconfig.rootpath), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in paths if path))
+    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / plugin.GOLDEN_CACHE_DIR))
+
+    def run_pytest(*args: str):
+        return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+
+    return run_pytest
+
+
+BAD_OPTIONS = {
+    "unknown-kernel": ("--kernel=no-such-kernel", "--kernel=no-such-kernel: unknown kernel"),
+    "unknown-profile": ("--fa2-profile=weekly", "--fa2-profile=weekly: not a profile: use one of dev, ci, nightly"),
+    "unknown-device": ("--device=abacus", "--device=abacus: not a device"),
+    "unsupported-dtype": ("--fa2-dtypes=float8", "--fa2-dtypes=float8: use names from"),
+}
+
+
+@pytest.mark.parametrize("option, message", BAD_OPTIONS.values(), ids=BAD_OPTIONS.keys())
+def test_bad_option_values_are_usage_errors(run, pytester, option, message):
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = run(option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_suite_runs_against_a_kernel_and_reports(run):
+    result = run("--pyargs", "properties", "-k", "out_within or dq_within", "--kernel=reference", "--fa2-profile=ci")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*fa2-verify property suite*",
+            "20 examples checked in * s of test time (* examples/s per worker)",
+            "worst dq in test_dq_within_error_model: * over 10 examples",
+            "    fa2-verify repro --kernel reference --case *",
+            "worst out in test_out_within_error_model: * over 10 examples",
+        ]
+    )
+
+
+def test_missing_capability_is_skipped_and_counted_across_workers(run, pytester):
+    pytester.makepyfile(forward_only=FORWARD_ONLY)
+    result = run(
+        "--pyargs", "properties", "-k", "within_error_model", "--kernel=forward_only:KERNEL", "--fa2-profile=ci", "-n", "2", "-rs"
+    )
+    result.assert_outcomes(passed=2, skipped=3)
+    result.stdout.fnmatch_lines(
+        [
+            "unsupported: 3 property test(s): forward_only:KERNEL lacks the capability 'backward'",
+            "SKIPPED [[]3[]] *: unsupported: forward_only:KERNEL lacks the capability 'backward'",
+        ]
+    )
+
+
+def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
+    result = run("--pyargs", "properties", "-k", "lse_within", "--kernel=tests.mutants:LSE_BASE2", "--fa2-profile=ci")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*lse (float32) mismatches the golden in 1 of 1 elements*",
+            "*reproduce: fa2-verify repro --kernel tests.mutants:LSE_BASE2 --case '{*\"seqlen_k\": 1, \"seqlen_q\": 1*}'",
+            "*@reproduce_failure(*",
+        ]
+    )
+
+
+def test_plugin_is_inert_in_other_test_suites(run, pytester):
+    pytester.makepyfile(test_plain="def test_plain():\n    assert True\n")
+    result = run()
+    result.assert_outcomes(passed=1)
+    assert "fa2-verify property suite" not in result.stdout.str()
+
+
+def test_importing_the_plugin_is_cheap():
+    probe = "import sys, properties.plugin; print(sorted(m for m in ('torch', 'hypothesis') if m in sys.modules))"
+    output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert output.strip() == "[]"
+
+
+WORKERS = {
+    "cpu-stays": ("cpu", "gw1", 4, "cpu"),
+    "controller-stays": ("cuda", None, 4, "cuda"),
+    "single-gpu-stays": ("cuda", "gw3", 1, "cuda"),
+    "explicit-index-stays": ("cuda:1", "gw0", 4, "cuda:1"),
+    "worker-pinned": ("cuda", "gw1", 4, "cuda:1"),
+    "more-workers-than-gpus-wrap": ("cuda", "gw5", 4, "cuda:1"),
+}
+
+
+@pytest.mark.parametrize("device, worker, count, expected", WORKERS.values(), ids=WORKERS.keys())
+def test_worker_device(device, worker, count, expected):
+    assert plugin.worker_device(device, worker, count) == expected
+
+
+def test_golden_cache_is_shared_under_the_rootdir_unless_set(monkeypatch, tmp_path):
+    monkeypatch.delenv(plugin.GOLDEN_CACHE_ENV, raising=False)
+    assert plugin.golden_cache_dir(tmp_path) == tmp_path / ".fa2-golden-cache"
+    monkeypatch.setenv(plugin.GOLDEN_CACHE_ENV, str(tmp_path / "mine"))
+    assert plugin.golden_cache_dir(tmp_path) == tmp_path / "mine"
+
+
+def test_ci_profile_is_derandomized_without_database_and_prints_blobs(tmp_path):
+    ci = profiles.settings_for(profiles.get("ci"), database_dir=tmp_path)
+    assert ci.derandomize and ci.database is None and ci.print_blob and ci.deadline is None
+
+
+@pytest.mark.parametrize("name", ["dev", "nightly"])
+def test_random_profiles_keep_their_database_when_ci_is_set(monkeypatch, tmp_path, name):
+    monkeypatch.setenv("CI", "true")
+    chosen = profiles.settings_for(profiles.get(name), database_dir=tmp_path / "examples")
+    assert isinstance(chosen.database, DirectoryBasedExampleDatabase)
+    assert pathlib.Path(chosen.database.path) == tmp_path / "examples" and not chosen.derandomize
+    assert profiles.get("nightly").max_examples > 10 * profiles.get("ci").max_examples

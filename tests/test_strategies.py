@@ -1,0 +1,245 @@
+"""The property suite's strategies and value generators do what they claim.
+
+Argument validation is one flat table of bad calls; then: every drawn case is
+inside the kernel's capabilities and the profile's limits, every feature the
+issue names is reachable (``hypothesis.find``), and each adversarial
+generator really produces the structure its docstring promises.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from kernels.contract import UNBOUNDED, Capabilities, visible_mask
+from properties import cases, inputs, masks, profiles, shapes
+from properties.profiles import Limits
+from verify import values
+from verify.case import CaseSpec, make_case
+from verify.errors import UsageError
+
+FULL = Capabilities(dtypes={"cpu": ("float16", "bfloat16", "float32")}, head_dims=(8, 16, 32, 64, 128), deterministic_backward=True)
+NARROW = Capabilities(
+    dtypes={"cpu": ("float32",)}, head_dims=(16,), causal=False, window=False, gqa=False, backward=False
+)
+SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=70, max_head_dim=64)
+QUICK = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+SEARCH = settings(max_examples=3000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+
+BAD_CALLS = {
+    "seqlens-negative-min": lambda: shapes.seqlens(min_value=-1),
+    "seqlens-zero-max": lambda: shapes.seqlens(max_value=0),
+    "seqlens-bool": lambda: shapes.seqlens(max_value=True),
+    "heads-zero-kv": lambda: shapes.head_counts(max_heads_kv=0),
+    "heads-min-group-without-gqa": lambda: shapes.head_counts(min_group=2, gqa=False),
+    "heads-min-heads-too-large": lambda: shapes.head_counts(max_heads_kv=1, max_group=2, min_heads_q=3),
+    "head-dims-none-left": lambda: shapes.head_dims(capabilities=FULL, max_value=4),
+    "batches-min-above-max": lambda: shapes.batches(min_value=3, max_value=2),
+    "masks-negative-seqlen": lambda: masks.masks(seqlen_q=-1, seqlen_k=3),
+    "masks-causal-not-bool": lambda: masks.masks(seqlen_q=3, seqlen_k=3, causal="yes"),
+    "empty-rows-need-longer-q": lambda: masks.empty_row_masks(seqlen_q=2, seqlen_k=2),
+    "empty-rows-need-a-mask": lambda: masks.empty_row_masks(seqlen_q=4, seqlen_k=2, causal=False, window=False),
+    "generators-empty": lambda: inputs.generator_names(include=[]),
+    "generators-string": lambda: inputs.generator_names(include="normal"),
+    "generators-unknown": lambda: inputs.generator_names(include=["normal", "gaussian"]),
+    "dtypes-device-missing": lambda: inputs.dtypes(capabilities=NARROW, device="cuda"),
+    "dtypes-not-supported": lambda: inputs.dtypes(capabilities=NARROW, device="cpu", include=["float16"]),
+    "cases-backward-missing": lambda: cases.case_specs(capabilities=NARROW, device="cpu", backward=True),
+    "cases-deterministic-missing": lambda: cases.case_specs(capabilities=NARROW, device="cpu", deterministic=True),
+    "cases-gqa-missing": lambda: cases.case_specs(capabilities=NARROW, device="cpu", min_group=2),
+    "cases-masked-not-bool": lambda: cases.case_specs(capabilities=FULL, device="cpu", masked=1),
+    "limits-zero-seqlen": lambda: Limits(max_seqlen=0),
+    "profile-unknown": lambda: profiles.get("weekly"),
+}
+
+
+@pytest.mark.parametrize("call", BAD_CALLS.values(), ids=BAD_CALLS.keys())
+def test_bad_arguments_raise_usage_errors(call):
+    with pytest.raises(UsageError, match=r"=.*: |=\(\) |contains unknown|is not"):
+        call()
+
+
+def _supported(spec: CaseSpec, capabilities: Capabilities) -> bool:
+    return (
+        capabilities.unsupported_reason(
+            device="cpu",
+            dtype=spec.dtype,
+            head_dim=spec.head_dim,
+            causal=spec.causal,
+            window_size=spec.window_size,
+            heads_q=spec.heads_q,
+            heads_kv=spec.heads_kv,
+            backward=spec.backward,
+            deterministic=spec.deterministic,
+        )
+        is None
+    )
+
+
+@QUICK
+@given(st.data())
+def test_cases_stay_inside_capabilities_and_limits(data):
+    capabilities = data.draw(st.sampled_from([FULL, NARROW]))
+    spec = data.draw(cases.case_specs(capabilities=capabilities, device="cpu", limits=SMALL, backward=capabilities.backward))
+    assert _supported(spec, capabilities)
+    assert spec.batch <= SMALL.max_batch and spec.heads_kv <= SMALL.max_heads_kv
+    assert spec.heads_q <= SMALL.max_heads_kv * SMALL.max_group and spec.head_dim <= SMALL.max_head_dim
+    assert 1 <= spec.seqlen_q <= SMALL.max_seqlen and 1 <= spec.seqlen_k <= SMALL.max_seqlen
+    assert spec.generator in values.GENERATORS
+
+
+@QUICK
+@given(st.data())
+def test_relation_options_are_honoured(data):
+    spec = data.draw(
+        cases.case_specs(capabilities=FULL, device="cpu", limits=SMALL, masked=False, min_batch=2, min_heads_q=2, min_group=2)
+    )
+    assert spec.feature() in ("none+gqa", "none+mqa")
+    assert spec.batch >= 2 and spec.heads_q >= 2 and spec.heads_q > spec.heads_kv
+
+
+FEATURES = {
+    "mha": lambda s: s.heads_q == s.heads_kv > 1,
+    "gqa": lambda s: s.heads_q > s.heads_kv > 1,
+    "mqa": lambda s: s.heads_kv == 1 and s.heads_q > 1,
+    "causal": lambda s: s.causal and s.window_size == (UNBOUNDED, UNBOUNDED),
+    "causal-with-left-window": lambda s: s.causal and s.window_size[0] >= 0,
+    "window-left-only": lambda s: not s.causal and s.window_size[0] >= 0 and s.window_size[1] == UNBOUNDED,
+    "window-right-only": lambda s: s.window_size[0] == UNBOUNDED and s.window_size[1] >= 0,
+    "window-both-sides": lambda s: not s.causal and min(s.window_size) >= 1,
+    "window-zero-zero": lambda s: s.window_size == (0, 0),
+    "rows-without-keys": lambda s: masks.rows_without_keys(s.seqlen_q, s.seqlen_k, (s.causal, s.window_size)) > 0,
+    "seqlen-one": lambda s: s.seqlen_q == 1 or s.seqlen_k == 1,
+    "q-longer-than-k": lambda s: s.seqlen_q > s.seqlen_k,
+    "q-shorter-than-k": lambda s: s.seqlen_q < s.seqlen_k,
+    "block-plus-one": lambda s: s.seqlen_k in (17, 33, 65),
+    "block-minus-one": lambda s: s.seqlen_q in (15, 31, 63),
+    "prime-lengths": lambda s: s.seqlen_q in shapes.PRIMES and s.seqlen_k in shapes.PRIMES and s.seqlen_q > 2,
+    "default-scale": lambda s: s.softmax_scale is None,
+    "other-scale": lambda s: s.softmax_scale is not None,
+    "bfloat16": lambda s: s.dtype == "bfloat16",
+    "adversarial-values": lambda s: s.generator == "rescale-storm",
+    "rescaled-values": lambda s: inputs.is_rescaled(s.generator),
+}
+
+
+@pytest.mark.parametrize("feature", FEATURES.values(), ids=FEATURES.keys())
+def test_every_feature_is_reachable(feature):
+    find(cases.case_specs(capabilities=FULL, device="cpu", limits=SMALL), feature, settings=SEARCH)
+
+
+@QUICK
+@given(st.data())
+def test_empty_row_masks_leave_rows_without_keys(data):
+    seqlen_k = data.draw(st.integers(0, 20))
+    seqlen_q = data.draw(st.integers(seqlen_k + 1, 40))
+    mask = data.draw(masks.empty_row_masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k))
+    assert masks.rows_without_keys(seqlen_q, seqlen_k, mask) > 0
+
+
+def test_boundary_lengths_hold_the_tiling_edges():
+    lengths = shapes.boundary_lengths(min_value=1, max_value=130)
+    assert {1, 2, 3, 15, 16, 17, 63, 64, 65, 127, 128, 129} <= set(lengths)
+    assert lengths == sorted(lengths) and all(n in shapes.PRIMES or n in (1, 2) or n % 16 in (0, 1, 15) for n in lengths)
+
+
+# Value generators --------------------------------------------------------------
+
+
+def _spec(generator: str, dtype: str = "float16", **shape) -> CaseSpec:
+    base = dict(batch=2, seqlen_q=9, seqlen_k=40, heads_q=4, heads_kv=2, head_dim=16)
+    return CaseSpec(**{**base, **shape}, dtype=dtype, generator=generator, seed=5)
+
+
+def _scores(spec: CaseSpec) -> torch.Tensor:
+    case = make_case(spec)
+    group = spec.heads_q // spec.heads_kv
+    keys = case.k.double().repeat_interleave(group, dim=2)
+    return spec.scale * torch.einsum("bihc,bjhc->bhij", case.q.double(), keys)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("generator", sorted(values.GENERATORS))
+def test_generators_give_finite_dtype_values_for_every_shape(generator, dtype):
+    for shape in ({}, {"seqlen_q": 1, "seqlen_k": 1, "head_dim": 1}, {"seqlen_q": 0}, {"seqlen_k": 0}):
+        case = make_case(_spec(generator, dtype, **shape))
+        assert all(bool(torch.isfinite(t).all()) for t in (case.q, case.k, case.v, case.dout))
+        again = make_case(_spec(generator, dtype, **shape))
+        assert all(torch.equal(a, b) for a, b in zip((case.q, case.k, case.v), (again.q, again.k, again.v)))
+
+
+def test_every_generator_is_documented_with_its_bug_class():
+    for name, generator in values.GENERATORS.items():
+        assert len((generator.__doc__ or "").split()) >= 5, name
+        if name not in inputs.BENIGN and not inputs.is_rescaled(name):
+            assert "Bug class" in generator.__doc__, name
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_exp_overflow_puts_row_maxima_just_below_float32_overflow(dtype):
+    row_max = _scores(_spec("exp-overflow", dtype)).amax(dim=-1)
+    assert float(row_max.min()) > 55 and float(row_max.max()) < math.log(torch.finfo(torch.float32).max)
+
+
+def test_dtype_overflow_reaches_float16_range_with_separated_keys():
+    spec = _spec("dtype-overflow")
+    unscaled = _scores(spec) / spec.scale
+    assert 2**14 < float(unscaled.abs().max()) < torch.finfo(torch.float16).max
+    top2 = _scores(spec).topk(2, dim=-1).values
+    assert float((top2[..., 0] - top2[..., 1]).min()) > 8
+
+
+def test_rescale_storm_raises_the_row_max_at_almost_every_key():
+    scores = _scores(_spec("rescale-storm", "float32", seqlen_k=64))
+    rises = (scores[..., 1:] > scores[..., :-1]).double().mean()
+    assert float(rises) > 0.95
+    totals = scores[..., -1] - scores[..., 0]
+    assert float(totals.min()) < 1.5 and float(totals.max()) > 8
+
+
+def test_exact_ties_repeat_scores_bit_for_bit():
+    scores = _scores(_spec("exact-ties", "bfloat16"))
+    distinct = max(len(torch.unique(row)) for row in scores.reshape(-1, scores.shape[-1]))
+    assert distinct <= 2
+
+
+def test_dominant_key_towers_over_the_rest():
+    scores = _scores(_spec("dominant-key", "float32", seqlen_q=4))
+    top2 = scores.topk(2, dim=-1).values
+    assert float((top2[..., 0] - top2[..., 1]).min()) > 5
+
+
+@pytest.mark.parametrize("dtype, span", [("float16", 2.0**15), ("bfloat16", 2.0**60)])
+def test_v_dynamic_range_spans_many_binades(dtype, span):
+    v = make_case(_spec("v-dynamic-range", dtype)).v.double().abs()
+    assert float(v.max() / v[v > 0].min()) > span
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_subnormals_survive_rounding_to_the_dtype(dtype):
+    case = make_case(_spec("subnormals", dtype))
+    tiny = torch.finfo(case.v.dtype).tiny
+    for tensor in (case.q, case.k, case.v, case.dout):
+        magnitude = tensor.abs()
+        assert float(((magnitude > 0) & (magnitude < tiny)).double().mean()) > 0.3
+    assert bool((case.v.abs() < tiny).all(dim=-1).any())
+
+
+def test_dp_cancellation_makes_dp_minus_d_tiny_relative_to_dp():
+    spec = _spec("dp-cancellation", "float32")
+    case = make_case(spec)
+    group = spec.heads_q // spec.heads_kv
+    values_ = case.v.double().repeat_interleave(group, dim=2)
+    dp = torch.einsum("bihc,bjhc->bhij", case.dout.double(), values_)
+    weights = torch.softmax(_scores(spec), dim=-1)
+    delta = (weights * dp).sum(dim=-1, keepdim=True)
+    assert float(((dp - delta).abs().amax(-1) / dp.abs().amax(-1)).median()) < 0.1
+
+
+def test_visible_mask_agrees_with_rows_without_keys():
+    visible = visible_mask(7, 3, causal=True)
+    assert masks.rows_without_keys(7, 3, (True, (UNBOUNDED, UNBOUNDED))) == int((~visible.any(1)).sum()) == 4
