@@ -21,9 +21,10 @@ import golden
 from properties import relations
 from properties.determinism import config_block_k, dq_spread_bound
 from properties.harness import Verdict
-from properties.runs import KernelFailure, Outputs, run
+from properties.runs import KernelFailure, Outputs, run, run_varlen
+from properties.varlen import VarlenSpec, pack
 from properties.session import Suite
-from verify import error_model
+from verify import error_model, metrics
 from verify.case import Case, CaseSpec, make_case
 from verify.errors import UnsupportedCase
 from verify.check import check_case
@@ -85,6 +86,45 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> Verdict:
     suite.observe(label, float(sum(counts.values())), spec)
     bad = [name for name, count in counts.items() if count]
     return Verdict(not bad, describe_failure(result, bad[0]) if bad else "")
+
+
+def varlen_within_error_model(suite: Suite, spec: VarlenSpec) -> Verdict:
+    """Each packed sequence's outputs within ``tau * B`` of the golden of that sequence alone."""
+    note(f"varlen case: {spec.describe()}")
+    packed = pack(spec, suite.device)
+    try:
+        outputs = run_varlen(suite.kernel, packed, backward=spec.backward)
+    except UnsupportedCase as exc:
+        _declined(suite, str(exc))
+    except KernelFailure as failure:
+        return _failed_run(suite, spec.sequence(0), "out", f"{failure} (varlen case {spec.describe()})")
+    names = ("out", "lse", *GRADIENTS) if spec.backward else ("out", "lse")
+    scores: dict[str, float] = {}
+    failure = None
+    for index, case in enumerate(packed.cases):
+        rows_q, rows_k = packed.rows(index)
+        actual = {
+            "out": outputs.out[rows_q],
+            "lse": outputs.lse[:, rows_q],
+            "dq": outputs.dq[rows_q] if spec.backward else None,
+            "dk": outputs.dk[rows_k] if spec.backward else None,
+            "dv": outputs.dv[rows_k] if spec.backward else None,
+        }
+        expected = _golden(suite, case)
+        bounds = error_model.first_order_bounds(case, expected)
+        for name in names:
+            comparison = metrics.compare(
+                name, actual[name].unsqueeze(0), getattr(expected, name), bounds[name], threshold=error_model.THRESHOLDS[name]
+            )
+            scores[name] = max(scores.get(name, 0.0), comparison.normalized.quantiles["max"])
+            if failure is None and not comparison.passed:
+                result = CaseResult(
+                    spec=case.spec, kernel=suite.kernel.name, device=suite.device, status="failed", comparisons={name: comparison}
+                )
+                failure = f"sequence {index} of varlen case {spec.describe()}:\n" + describe_failure(result, name)
+    for name, score in scores.items():
+        _score(suite, name, spec.sequence(0), score)
+    return Verdict(failure is None, failure or "")
 
 
 # Kernel against kernel -------------------------------------------------------

@@ -15,6 +15,7 @@ import dataclasses
 
 import torch
 
+from properties.varlen import Packed
 from verify.case import Case
 from verify.errors import UnsupportedCase
 from verify.poison import poisoned
@@ -56,9 +57,20 @@ def _expected(case: Case) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
 
 
 def _call(kernel: LoadedKernel, entry: str, names: tuple[str, ...], case: Case, call) -> tuple[torch.Tensor, ...]:
-    expected = _expected(case)
+    return _call_with(kernel, entry, names, _expected(case), case.q.device, call)
+
+
+def _call_with(
+    kernel: LoadedKernel,
+    entry: str,
+    names: tuple[str, ...],
+    expected: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    device: torch.device,
+    call,
+) -> tuple[torch.Tensor, ...]:
+    """Call one entry point under poisoning and check its outputs' count, shapes and dtypes."""
     try:
-        with poisoned(case.q.device, [expected[name] for name in names]):
+        with poisoned(device, [expected[name] for name in names]):
             returned = call()
     except UnsupportedCase:
         raise
@@ -89,5 +101,35 @@ def run(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> Ou
         lambda: kernel.backward(
             case.dout, case.q, case.k, case.v, out, lse, deterministic=spec.deterministic, **masking
         ),
+    )
+    return Outputs(out, lse, dq, dk, dv)
+
+
+def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool) -> Outputs:
+    """``forward_varlen`` (and ``backward_varlen``) on a packed batch; outputs in the packed layout.
+
+    ``lse`` comes back as (heads_q, total_q), flash-attn's varlen layout.
+    """
+    spec = packed.spec
+    total_q, total_k = packed.q.shape[0], packed.k.shape[0]
+    dtype = packed.q.dtype
+    expected = {
+        "out": ((total_q, spec.heads_q, spec.head_dim), dtype),
+        "lse": ((spec.heads_q, total_q), torch.float32),
+        "dq": ((total_q, spec.heads_q, spec.head_dim), dtype),
+        "dk": ((total_k, spec.heads_kv, spec.head_dim), dtype),
+        "dv": ((total_k, spec.heads_kv, spec.head_dim), dtype),
+    }
+    lengths = (packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_seqlen_q, packed.max_seqlen_k)
+    masking = {"softmax_scale": packed.cases[0].spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    out, lse = _call_with(
+        kernel, "forward_varlen", ("out", "lse"), expected, packed.q.device,
+        lambda: kernel.target.forward_varlen(packed.q, packed.k, packed.v, *lengths, **masking),
+    )
+    if not backward:
+        return Outputs(out, lse)
+    dq, dk, dv = _call_with(
+        kernel, "backward_varlen", ("dq", "dk", "dv"), expected, packed.q.device,
+        lambda: kernel.target.backward_varlen(packed.dout, packed.q, packed.k, packed.v, out, lse, *lengths, **masking),
     )
     return Outputs(out, lse, dq, dk, dv)

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from properties.cases import Limits, case_specs
 from properties.profiles import Profile
+from properties.varlen import VarlenSpec, varlen_specs
 from verify.case import CaseSpec
 from verify.registry import LoadedKernel
 
@@ -66,6 +67,10 @@ class Suite:
     def __repr__(self) -> str:
         return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
 
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """Hypothesis prints failing examples with this (else it lists every field)."""
+        printer.text(repr(self))
+
     @property
     def limits(self) -> Limits:
         return self.profile.limits(self.device)
@@ -73,6 +78,12 @@ class Suite:
     def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
         """:func:`properties.cases.case_specs` for this kernel, device and profile."""
         return case_specs(
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+        )
+
+    def varlen_cases(self, **options: Any) -> st.SearchStrategy[VarlenSpec]:
+        """:func:`properties.varlen.varlen_specs` for this kernel, device and profile."""
+        return varlen_specs(
             capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
         )
 

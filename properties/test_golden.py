@@ -55,3 +55,11 @@ def test_outputs_finite_where_golden_finite(suite, data):
     spec = data.draw(suite.cases(backward=suite.kernel.capabilities.backward), label="case")
     verdict = checks.finite_where_golden_finite(suite, spec)
     assert verdict.passed, verdict.message
+
+
+@property_test(requires=("varlen",))
+def test_varlen_outputs_within_error_model(suite, data):
+    """For each packed sequence s (empty ones included): |x_s - x_s*| <= tau_x * B^x_s for every output x."""
+    spec = data.draw(suite.varlen_cases(backward=suite.kernel.capabilities.backward), label="varlen case")
+    verdict = checks.varlen_within_error_model(suite, spec)
+    assert verdict.passed, verdict.message

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 
+import dataclasses
 import math
 
 import pytest
@@ -139,6 +140,42 @@ class NoisyDq(_Broken):
         return _noise(dq, 2**-6), dk, dv
 
 
+class VarlenByLoop(_Broken):
+    """Varlen entry points that run the reference on each packed sequence; ``overrun``
+    extra keys past a sequence's end leak in from the next sequence (a cu_seqlens bug)."""
+
+    capabilities = dataclasses.replace(DEFERRED.capabilities, varlen=True)
+
+    def __init__(self, overrun: int = 0) -> None:
+        self.overrun = overrun
+
+    def _spans(self, cu_seqlens_q, cu_seqlens_k, total_k):
+        for index in range(len(cu_seqlens_q) - 1):
+            q0, q1 = int(cu_seqlens_q[index]), int(cu_seqlens_q[index + 1])
+            k0, k1 = int(cu_seqlens_k[index]), int(cu_seqlens_k[index + 1])
+            yield slice(q0, q1), slice(k0, min(k1 + self.overrun, total_k))
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32)
+        for rows, keys in self._spans(cu_seqlens_q, cu_seqlens_k, k.shape[0]):
+            o, l = DEFERRED.forward(q[None, rows], k[None, keys], v[None, keys], softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+            out[rows], lse[:, rows] = o[0], l[0]
+        return out, lse
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows, keys in self._spans(cu_seqlens_q, cu_seqlens_k, k.shape[0]):
+            grads = DEFERRED.backward(
+                dout[None, rows], q[None, rows], k[None, keys], v[None, keys], out[None, rows], lse[None, :, rows],
+                softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            )
+            dq[rows] = grads[0][0]
+            dk[keys] += grads[1][0]
+            dv[keys] += grads[2][0]
+        return dq, dk, dv
+
+
 #: property test -> the kernel that breaks exactly what it checks.
 BREAKERS = {
     "test_out_within_error_model": MUTANTS["SKIP_RESCALE"],
@@ -161,6 +198,7 @@ BREAKERS = {
     "test_dk_dv_bitwise_reproducible": NoisyDkDv(),
     "test_dq_spread_within_atomic_bound": NoisyDq(),
     "test_gradients_bitwise_reproducible_in_deterministic_mode": NoisyDkDv(),
+    "test_varlen_outputs_within_error_model": VarlenByLoop(overrun=1),
 }
 
 PROPERTY_TESTS = {test.__name__: test for test in harness.property_tests()}
@@ -230,3 +268,10 @@ def test_dq_spread_bound_admits_atomic_reordering(golden_options):
     assert not result.caught, result.message
     (worst,) = suite.take_observations()["worst"]
     assert 0 < worst["score"] <= 1, "random summation orders never changed dq: the positive control is vacuous"
+
+
+def test_varlen_property_passes_a_correct_varlen_kernel(golden_options):
+    suite = _suite("correct:VarlenByLoop", VarlenByLoop(), golden_options)
+    test = PROPERTY_TESTS["test_varlen_outputs_within_error_model"]
+    result = harness.search(test, suite, settings(harness.catch_settings(CI), max_examples=15))
+    assert not result.caught, result.message

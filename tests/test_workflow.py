@@ -1,4 +1,4 @@
-"""Lint of the GPU workflow (ci/gpu-verify.yml) and of the scripts it calls (ci/*.sh).
+"""Lint of the GPU workflow (.github/workflows/gpu-verify.yml) and of the scripts it calls (ci/*.sh).
 
 The workflow must run the property suite on every GPU, keep the Hypothesis
 example database, build the Allure report, gate against the committed
@@ -21,7 +21,7 @@ import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CI = ROOT / "ci"
-WORKFLOW = CI / "gpu-verify.yml"
+WORKFLOW = ROOT / ".github" / "workflows" / "gpu-verify.yml"
 SCRIPT = re.compile(r"\bci/[\w.-]+\.sh\b")
 ORDER = ("ci/setup.sh", "ci/properties.sh", "ci/verify.sh", "ci/report.sh", "ci/gate.sh", "ci/summary.sh")
 

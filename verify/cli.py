@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "verify.commands.corpus",
     "verify.commands.report",
     "verify.commands.bench",
+    "verify.commands.suite",
 )
 
 

@@ -1,0 +1,51 @@
+"""``fa2-verify suite``: the pytest command line it builds and its exit statuses."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+
+import pytest
+
+import properties
+from verify.cli import build_parser, main
+from verify.commands import suite
+from verify.commands.suite import pytest_arguments
+
+
+def test_options_and_extra_arguments_reach_pytest(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(
+        ["suite", "--kernel", "triton", "--device", "cuda", "--profile", "nightly", "--dtypes", "float16", "--", "-n", "8", "-k", "dq"]
+    )
+    assert pytest_arguments(args) == [
+        str(pathlib.Path(properties.__file__).parent),
+        f"--rootdir={tmp_path}",
+        "--kernel=triton",
+        "--device=cuda",
+        "--fa2-profile=nightly",
+        "--fa2-dtypes=float16",
+        "-n",
+        "8",
+        "-k",
+        "dq",
+    ]
+
+
+def test_a_usage_error_exits_2(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)
+    assert main(["suite", "--kernel", "no-such-kernel"]) == 2
+    assert "--kernel=no-such-kernel: unknown kernel" in capfd.readouterr().err
+
+
+def test_a_passing_kernel_exits_0(tmp_path, monkeypatch, pytestconfig):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
+    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / ".fa2-golden-cache"))
+    assert main(["suite", "--kernel", "reference", "--profile", "ci", "--", "-q", "-p", "no:cacheprovider", "-k", "lse_within"]) == 0
+
+
+@pytest.mark.parametrize("pytest_status, status", [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2)])
+def test_pytest_statuses_map_to_pass_fail_or_error(monkeypatch, pytest_status, status):
+    monkeypatch.setattr(suite.subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, pytest_status))
+    assert main(["suite", "--kernel", "reference"]) == status
