@@ -1,0 +1,135 @@
+"""The building blocks of the metamorphic and determinism properties, checked directly.
+
+Each transformation does exactly what its relation needs (checked in exact
+arithmetic on the rounded tensors), the run comparison never lets NaN pass,
+and the dQ spread bound holds for random summation orders yet is not vacuous.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import golden
+from properties import relations
+from properties.determinism import dq_spread_bound, key_blocks
+from properties.varlen import VarlenSpec, pack
+from verify.case import CaseSpec, make_case
+
+
+def _case(**overrides) -> CaseSpec:
+    fields = dict(batch=2, seqlen_q=7, seqlen_k=11, heads_q=4, heads_kv=2, head_dim=8, dtype="bfloat16", seed=3)
+    return make_case(CaseSpec(**{**fields, **overrides}))
+
+
+def _scores(case) -> torch.Tensor:
+    group = case.spec.heads_q // case.spec.heads_kv
+    keys = case.k.double().repeat_interleave(group, dim=2)
+    return case.spec.scale * torch.einsum("bihc,bjhc->bhij", case.q.double(), keys)
+
+
+@pytest.mark.parametrize("scale", [None, 2.0**-6, 4.0, 0.3])
+def test_score_shift_is_exact_per_row(scale):
+    base, shifted, shift = relations.shift_scores(_case(softmax_scale=scale))
+    scale = base.spec.scale
+    unscaled = (_scores(shifted) - _scores(base)) / scale
+    steps = (shift / scale).unsqueeze(-1).expand_as(unscaled)
+    assert torch.equal(unscaled.round(), steps.round()) and torch.allclose(unscaled, steps, rtol=1e-12, atol=0)
+    assert float(shift.abs().max()) >= 1
+
+
+def test_key_permutation_moves_keys_and_values_together():
+    case = _case()
+    permuted, permutation = relations.permute_keys(case)
+    assert torch.equal(permuted.k, case.k[:, permutation]) and torch.equal(permuted.v, case.v[:, permutation])
+    assert not torch.equal(permutation, torch.arange(case.spec.seqlen_k))
+
+
+def test_replace_except_keeps_exactly_one_batch_element_or_head():
+    case, other = _case(), _case(seed=4)
+    by_batch = relations.replace_except(case, other, batch=1)
+    assert torch.equal(by_batch.q[1], case.q[1]) and torch.equal(by_batch.q[0], other.q[0])
+    by_head = relations.replace_except(case, other, head=3)
+    assert torch.equal(by_head.q[:, :, 3], case.q[:, :, 3]) and torch.equal(by_head.k[:, :, 1], case.k[:, :, 1])
+    assert torch.equal(by_head.q[:, :, 2], other.q[:, :, 2]) and torch.equal(by_head.k[:, :, 0], other.k[:, :, 0])
+
+
+def test_repeat_kv_and_group_sum_invert_each_other():
+    case = _case()
+    mha = relations.repeat_kv(case)
+    assert mha.spec.heads_kv == mha.spec.heads_q == 4 and torch.equal(mha.k[:, :, 2], case.k[:, :, 1])
+    assert torch.equal(relations.group_sum(mha.k.double(), 2), 2 * case.k.double())
+
+
+def test_causal_prefix_keeps_the_diagonal():
+    prefix = relations.causal_prefix(_case(causal=True), 3)
+    assert (prefix.spec.seqlen_q, prefix.spec.seqlen_k) == (3, 7) and prefix.q.is_contiguous()
+
+
+@pytest.mark.parametrize("layout", relations.LAYOUTS)
+def test_layouts_are_the_same_values_in_other_memory(layout):
+    tensor = _case().q
+    arranged = relations.to_layout(tensor, layout)
+    assert torch.equal(arranged, tensor) and arranged.stride(-1) == 1
+    assert arranged.is_contiguous() == (layout == "contiguous")
+
+
+def test_compare_runs_never_passes_nan():
+    first = torch.tensor([1.0, math.nan, 2.0, math.nan])
+    second = torch.tensor([1.0, math.nan, math.nan, 5.0])
+    comparison = relations.compare_runs("out", first, second, torch.ones(4), threshold=1.0)
+    assert comparison.mismatches == 3 and not comparison.passed
+
+
+def test_compare_runs_applies_the_tolerance():
+    first, second = torch.tensor([1.0, 2.0]), torch.tensor([1.5, 2.0])
+    assert relations.compare_runs("out", first, second, torch.tensor([0.5, 0.5]), threshold=1.0).passed
+    assert not relations.compare_runs("out", first, second, torch.tensor([0.4, 0.5]), threshold=1.0).passed
+
+
+def test_key_blocks_counts_touched_tiles():
+    visible = torch.tensor([0.0, 1.0, 16.0, 17.0, 40.0])
+    assert key_blocks(visible, None).tolist() == visible.tolist()
+    assert key_blocks(visible, 16).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def _random_order_dq(case, golden_result, block: int, generator: torch.Generator) -> torch.Tensor:
+    """dQ summed from float32 per-block contributions in a random order (an atomic accumulation)."""
+    spec = case.spec
+    group = spec.heads_q // spec.heads_kv
+    keys, values = (t.double().repeat_interleave(group, dim=2) for t in (case.k, case.v))
+    p = torch.softmax(_scores(case), dim=-1)
+    dp = torch.einsum("bihc,bjhc->bhij", case.dout.double(), values)
+    delta = golden_result.delta.unsqueeze(-1)
+    ds = (p * (dp - delta)).float()
+    starts = list(range(0, spec.seqlen_k, block))
+    total = torch.zeros(case.q.shape, dtype=torch.float32)
+    for index in torch.randperm(len(starts), generator=generator).tolist():
+        keys_block = slice(starts[index], starts[index] + block)
+        total += spec.scale * torch.einsum("bhij,bjhc->bihc", ds[..., keys_block], keys[:, keys_block].float())
+    return total.to(spec.torch_dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dq_spread_bound_holds_for_random_orders_and_is_not_vacuous(dtype):
+    case = _case(dtype=dtype, seqlen_q=20, seqlen_k=130, batch=1, head_dim=16, generator="normal-x2^2")
+    golden_result = golden.compute(case.q, case.k, case.v, case.dout, softmax_scale=case.spec.scale)
+    generator = torch.Generator().manual_seed(0)
+    runs = [_random_order_dq(case, golden_result, 16, generator) for _ in range(6)]
+    bound = dq_spread_bound(case, golden_result, runs, block_k=16)
+    spreads = torch.stack([(run.double() - runs[0].double()).abs() for run in runs[1:]])
+    assert bool((spreads <= bound).all())
+    if dtype == "float32":
+        assert float(spreads.max()) > 0 and float((spreads / bound).max()) > 1e-3
+
+
+def test_pack_lays_sequences_end_to_end_with_empty_ones():
+    spec = VarlenSpec(seqlens=((3, 0), (0, 4), (2, 5)), heads_q=2, heads_kv=1, head_dim=8, dtype="float16")
+    packed = pack(spec, "cpu")
+    assert packed.cu_seqlens_q.tolist() == [0, 3, 3, 5] and packed.cu_seqlens_k.tolist() == [0, 0, 4, 9]
+    assert packed.q.shape == (5, 2, 8) and packed.k.shape == (9, 1, 8)
+    rows_q, rows_k = packed.rows(2)
+    assert torch.equal(packed.q[rows_q], make_case(spec.sequence(2)).q[0])
+    assert torch.equal(packed.k[rows_k], make_case(spec.sequence(2)).k[0])
