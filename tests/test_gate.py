@@ -2,10 +2,8 @@
 
 The end-to-end tests record a baseline of the ``reference`` kernel on a few
 corpus cases, gate it again (identical quantiles, no finding), and gate a
-degraded copy under the same name: :class:`DoubledOutError` returns
-``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` a float64 attention
-computed in the wrapper, so the error of ``out`` doubles while the kernel
-name, capabilities and other outputs' code stay the same.
+degraded copy under the same name (:mod:`tests.degraded`: the error of ``out``
+doubled, everything else unchanged).
 """
 
 from __future__ import annotations
@@ -17,7 +15,8 @@ import pathlib
 import pytest
 import torch
 
-from kernels.contract import Capabilities, visible_mask
+from kernels.contract import Capabilities
+from tests import degraded
 from tests.test_report import synthetic_result, synthetic_run
 from verify import baseline as baselines
 from verify import cli, gate
@@ -165,31 +164,6 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
         assert expected in message
 
 
-class DoubledOutError:
-    """The reference kernel with the error of ``out`` doubled (module docstring); ``degrade`` switches it."""
-
-    def __init__(self):
-        self.reference = load_kernel("reference")
-        self.capabilities = self.reference.capabilities
-        self.degrade = False
-
-    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)):
-        out, lse = self.reference.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
-        if not self.degrade:
-            return out, lse
-        group = q.shape[2] // k.shape[2]
-        k64, v64 = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
-        scores = torch.einsum("bihc,bjhc->bhij", q.double(), k64) * softmax_scale
-        visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size)
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
-        expected = torch.einsum("bhij,bjhc->bihc", weights, v64)
-        return (expected + 2 * (out.double() - expected)).to(out.dtype), lse
-
-    def backward(self, *args, **kwargs):
-        return self.reference.backward(*args, **kwargs)
-
-
-DOUBLED_OUT_ERROR = DoubledOutError()
 
 COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "golden" / "baselines" / "reference-cpu.json"
 
@@ -213,7 +187,7 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
     small_corpus, tmp_path, capsys, monkeypatch
 ):
     corpus, cache = small_corpus
-    name = "tests.test_gate:DOUBLED_OUT_ERROR"
+    name = "tests.degraded:REFERENCE"
     base = tmp_path / "baseline.json"
     assert cli.main(_cli("baseline", "--kernel", name, "--out", str(base), corpus=corpus, cache=cache)) == 0
     runs = [tmp_path / "run1.json", tmp_path / "run2.json"]
@@ -227,7 +201,7 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
     first, second = (json.loads(run.read_text()) for run in runs)
     assert first["groups"] == second["groups"] == json.loads(base.read_text())["groups"]
 
-    monkeypatch.setattr(DOUBLED_OUT_ERROR, "degrade", True)
+    monkeypatch.setattr(degraded.REFERENCE, "degrade", True)
     markdown = tmp_path / "gate.md"
     code = cli.main(
         _cli("gate", "--kernel", name, "--baseline", str(base), "--markdown", str(markdown), corpus=corpus, cache=cache)

@@ -1,0 +1,60 @@
+"""Degraded copies of correct kernels, for showing that the gate fails them.
+
+:class:`DoubledOutError` wraps a kernel and, when ``degrade`` is on, returns
+``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` a float64 attention
+computed in the wrapper: the error of ``out`` doubles while the kernel name,
+capabilities and the other outputs' code stay the same.  ``degrade`` starts
+from the environment variable ``FA2_DEGRADE_OUT=1`` so that the same target
+name can record a baseline and then be gated degraded from the command line
+(e.g. on a GPU: ``fa2-verify baseline --kernel tests.degraded:TRITON ...``,
+then ``FA2_DEGRADE_OUT=1 fa2-verify gate --kernel tests.degraded:TRITON ...``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from kernels.contract import visible_mask
+from verify.registry import load_kernel
+
+
+class DoubledOutError:
+    """``kernel_name`` with the error of ``out`` doubled while ``degrade`` is on."""
+
+    def __init__(self, kernel_name: str):
+        self.kernel_name = kernel_name
+        self.degrade = os.environ.get("FA2_DEGRADE_OUT") == "1"
+
+    @functools.cached_property
+    def kernel(self):
+        return load_kernel(self.kernel_name)
+
+    @property
+    def capabilities(self):
+        return self.kernel.capabilities
+
+    def unavailable_reason(self):
+        return self.kernel.unavailable_reason()
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)):
+        out, lse = self.kernel.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        if not self.degrade:
+            return out, lse
+        group = q.shape[2] // k.shape[2]
+        k64, v64 = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
+        scores = torch.einsum("bihc,bjhc->bhij", q.double(), k64) * softmax_scale
+        visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size, device=q.device)
+        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+        expected = torch.einsum("bhij,bjhc->bihc", weights, v64)
+        return (expected + 2 * (out.double() - expected)).to(out.dtype), lse
+
+    def backward(self, *args, **kwargs):
+        return self.kernel.backward(*args, **kwargs)
+
+
+REFERENCE = DoubledOutError("reference")
+TRITON = DoubledOutError("triton")
+TORCH_FLASH = DoubledOutError("torch-flash")
