@@ -6,12 +6,14 @@
 #   3. baselines of both on the gate corpus (3 repeats, for the atomic dQ),
 #      the gate twice against each, and a degraded triton (error of out x2)
 #      that the gate must fail.
-# Writes logs, reports and baselines under $FA2_OUT (default gpu-out) and packs
-# them into $FA2_OUT/results.tgz.  Exit status: 0 when every step did what it must.
+# Writes logs, reports and baselines under $FA2_WORK (default gpu-out) and packs
+# them, golden cache aside, into $FA2_ARCHIVE (default gpu-out.tgz).
+# Exit status: 0 when every step did what it must.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-out="${FA2_OUT:-gpu-out}"
+out="${FA2_WORK:-gpu-out}"
+archive="${FA2_ARCHIVE:-$out.tgz}"
 steps="${FA2_STEPS:-run,properties,gate}"
 mkdir -p "$out/baselines"
 cache="$out/golden-cache"
@@ -56,5 +58,5 @@ if [[ "$steps" == *gate* ]]; then
     expect 1 gate-degraded env FA2_DEGRADE_OUT=1 "${fv[@]}" gate --kernel tests.degraded:TRITON --device cuda \
         --dtypes float16,bfloat16 --baseline "$degraded" --golden-cache "$cache" --overwrite
 fi
-tar czf "$out/results.tgz" --exclude=golden-cache --exclude='examples-*' -C "$out" .
+tar czf "$archive" --exclude=golden-cache --exclude='examples-*' -C "$out" .
 exit "$status"

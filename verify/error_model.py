@@ -100,10 +100,10 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     * (6) dS            ``B^dS_ij = P_ij (E_ij |dP_ij - D_i| + gamma_d sum_c |dO_ic| |V_jc| + B^D_i)
       + (u + 2 u_a) |dS_ij| + eta [j visible from i]``
     * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + eta [visible]) |dO_ic|
-      + gamma_{N_j+G} sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta``
+      + (gamma_{N_j+G} + u_G) sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta``, ``u_G = u`` if ``G > 1`` else 0
     * (8) dQ            ``B^dQ_ic = scale sum_j B^dS_ij |K_jc| + gamma_{n_i+2} scale sum_j |dS_ij| |K_jc|
       + u |dQ_ic| + eta``
-    * (9) dK            ``B^dK_jc = scale sum_(h,i) B^dS_ij |Q_ic| + gamma_{N_j+G+2} scale sum_(h,i) |dS_ij| |Q_ic|
+    * (9) dK            ``B^dK_jc = scale sum_(h,i) B^dS_ij |Q_ic| + (gamma_{N_j+G+2} + u_G) scale sum_(h,i) |dS_ij| |Q_ic|
       + u |dK_jc| + eta``
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``.
@@ -220,11 +220,15 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     bounds = {"out": bound_out, "lse": bound_lse}
     if backward:
         n_key = (group * n_col)[None, :, None, None]
+        # per-head partials of dK and dV may be rounded to T before the group sum (flash-attn 2)
+        u_group = u if group > 1 else 0.0
         bounds["dq"] = bound_dq
         # (7)
-        bounds["dv"] = dv_error + gamma(n_key + group) * dv_mass + u * golden.dv.abs() + eta
+        bounds["dv"] = dv_error + (gamma(n_key + group) + u_group) * dv_mass + u * golden.dv.abs() + eta
         # (9)
-        bounds["dk"] = scale * dk_error + gamma(n_key + group + 2) * scale * dk_mass + u * golden.dk.abs() + eta
+        bounds["dk"] = (
+            scale * dk_error + (gamma(n_key + group + 2) + u_group) * scale * dk_mass + u * golden.dk.abs() + eta
+        )
     for name, bound in bounds.items():
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
