@@ -5,8 +5,10 @@ profile (derandomized, so the table is the same on every run) without
 shrinking, each stopping at its first failing example; the first property
 that fails catches the mutant.  The table gives that property, the examples
 its search took, and the seconds spent on the mutant in all (including the
-properties that ran to their budget without failing).  Usage, from the
-repository root::
+properties that ran to their budget without failing).  Each mutant starts
+with an empty golden cache, so its seconds include computing every golden it
+needed; imports and first-call warm-up happen once, before the table.  Usage,
+from the repository root::
 
     python -m benchmarks.bench_mutants [--profile ci] [--mutants NAME,...]
 """
@@ -16,27 +18,34 @@ from __future__ import annotations
 import argparse
 import pathlib
 import sys
+import tempfile
 import time
 
 from golden.options import GoldenOptions
 from properties import harness, profiles
-from properties.plugin import golden_cache_dir
 from properties.session import Suite
-from verify.registry import LoadedKernel
+from verify.case import CaseSpec, make_case
+from verify.check import check_case
+from verify.registry import LoadedKernel, load_kernel
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
 
+#: A small case run once before timing, so imports and first calls are not charged to a mutant.
+WARM_UP = CaseSpec(batch=1, seqlen_q=17, seqlen_k=17, heads_q=2, heads_kv=1, head_dim=16, dtype="float16")
 
-def catch(name: str, target: object, profile: profiles.Profile, golden_options: GoldenOptions) -> tuple[str, int, float]:
-    """``(catching property or "", examples it took, seconds for the mutant)``."""
-    suite = Suite(LoadedKernel(f"tests.mutants:{name}", target), "cpu", profile, golden_options)
+
+def catch(name: str, target: object, profile: profiles.Profile) -> tuple[str, int, float]:
+    """``(catching property or "", examples it took, seconds for the mutant)``, from an empty golden cache."""
     settings = harness.catch_settings(profile)
-    start = time.perf_counter()
-    for test in harness.property_tests():
-        result = harness.search(test, suite, settings)
-        if result.caught:
-            return result.test, result.examples, time.perf_counter() - start
-    return "", 0, time.perf_counter() - start
+    with tempfile.TemporaryDirectory() as cache:
+        options = GoldenOptions(cache_dir=pathlib.Path(cache))
+        suite = Suite(LoadedKernel(f"tests.mutants:{name}", target), "cpu", profile, options)
+        start = time.perf_counter()
+        for test in harness.property_tests():
+            result = harness.search(test, suite, settings)
+            if result.caught:
+                return result.test, result.examples, time.perf_counter() - start
+        return "", 0, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [name for name in args.mutants.split(",") if name] or list(MUTANTS)
     profile = profiles.get(args.profile)
-    options = GoldenOptions(cache_dir=golden_cache_dir(REPOSITORY))
-    print(f"| mutant | caught by | examples | seconds |")
+    check_case(load_kernel("reference"), make_case(WARM_UP))
+    print("| mutant | caught by | examples | seconds |")
     print("| --- | --- | ---: | ---: |")
     missed = 0
     for name in names:
-        test, examples, seconds = catch(name, MUTANTS[name], profile, options)
+        test, examples, seconds = catch(name, MUTANTS[name], profile)
         missed += not test
         print(f"| {name} | {test or 'NOT CAUGHT'} | {examples} | {seconds:.1f} |", flush=True)
     return 1 if missed else 0

@@ -6,6 +6,8 @@
 #   3. baselines of both on the gate corpus (3 repeats, for the atomic dQ),
 #      the gate twice against each, and a degraded triton (error of out x2)
 #      that the gate must fail.
+# FA2_STEPS picks steps (default run,properties,gate); FA2_PROPERTIES_TIMEOUT
+# caps each property-suite run in seconds (default 1800).
 # Writes logs, reports and baselines under $FA2_WORK (default gpu-out) and packs
 # them, golden cache aside, into $FA2_ARCHIVE (default gpu-out.tgz).
 # Exit status: 0 when every step did what it must.
@@ -37,7 +39,7 @@ for kernel in triton torch-flash; do
             --markdown "$out/run-$kernel.md" --overwrite
     fi
     if [[ "$steps" == *properties* ]]; then
-        expect 0 "properties-$kernel" python3 -m pytest properties -p properties.plugin -n "$gpus" -q \
+        expect 0 "properties-$kernel" timeout "${FA2_PROPERTIES_TIMEOUT:-1800}" python3 -m pytest properties -p properties.plugin -n "$gpus" -q \
             --kernel "$kernel" --device cuda --fa2-profile ci --fa2-examples-dir "$out/examples-$kernel" \
             -p no:cacheprovider
     fi

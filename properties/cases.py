@@ -21,12 +21,15 @@ from properties.validation import check_bool
 from verify.case import CaseSpec
 from verify.errors import UsageError
 
+#: The shape limits used when none are given.
+DEFAULT_LIMITS = Limits()
+
 
 def case_specs(
     *,
     capabilities: Capabilities,
     device: str,
-    limits: Limits = Limits(),
+    limits: Limits = DEFAULT_LIMITS,
     backward: bool = False,
     deterministic: bool = False,
     masked: bool = True,

@@ -1,6 +1,6 @@
 """The run-to-run spread that atomic dQ accumulation may show (docs/error-model.md, "Determinism of atomic dQ").
 
-In FA2's backward (Dao 2023, Algorithm 2, line 21) each key block ``b``
+In FA2's backward (Dao 2023, Algorithm 2, line 15) each key block ``b``
 computes its contribution ``c_b = scale * sum_{j in b} dS_ij K_jc`` to a row of
 dQ and adds it to a float32 accumulator with an atomic add, in whatever order
 the blocks finish.  The contributions are the same on every run; only the

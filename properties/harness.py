@@ -23,6 +23,7 @@ from typing import Callable
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
 
 from properties import profiles
@@ -39,7 +40,6 @@ PROPERTY_MODULES: tuple[str, ...] = (
     "properties.test_metamorphic",
     "properties.test_determinism",
 )
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +94,19 @@ class SearchResult:
     message: str
 
 
+def _message(failure: BaseException) -> str:
+    """The failure's text; for a flaky failure, that of the first failing run it wraps."""
+    if isinstance(failure, FlakyFailure):
+        return "failed once, passed on replay (nondeterministic): " + str(failure.exceptions[0])
+    return str(failure)
+
+
 def catch_settings(profile: profiles.Profile) -> settings:
     """``profile``'s settings for hunting a known-broken kernel: stop at the first failure, no shrinking."""
+    base = profiles.settings_for(profile, database_dir=None)
     return settings(
-        profiles.settings_for(profile, database_dir=None),
-        phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.target),
+        base,
+        phases=tuple(phase for phase in base.phases if phase not in (Phase.shrink, Phase.explain)),
         report_multiple_bugs=False,
         print_blob=False,
     )
@@ -109,9 +117,11 @@ def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int
 
     ``seed`` fixes Hypothesis' random seed (for settings that are not derandomized).
 
-    A failure is an ``AssertionError`` from the property (a ``Verdict``) or
-    any exception from the kernel; an error in fa2-verify itself
-    (a :class:`~verify.errors.Fa2VerifyError`) propagates.
+    A failure is an ``AssertionError`` from the property (a failed
+    ``Verdict``; the checks turn a kernel's exceptions into those), also when
+    it did not repeat on Hypothesis' replay (``FlakyFailure``: a
+    nondeterministic kernel).  Anything else, such as a
+    :class:`~verify.errors.Fa2VerifyError` from fa2-verify itself, propagates.
     """
     name = test.__name__
     reason = missing_requirement(test, suite)
@@ -137,7 +147,7 @@ def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int
     start = time.perf_counter()
     try:
         runner(suite)
-    except AssertionError as failure:
+    except (AssertionError, FlakyFailure) as failure:
         caught_after, seconds = first_failure if first_failure is not None else (examples, time.perf_counter() - start)
-        return SearchResult(name, True, None, caught_after, seconds, str(failure))
+        return SearchResult(name, True, None, caught_after, seconds, _message(failure))
     return SearchResult(name, False, None, examples, time.perf_counter() - start, "")

@@ -14,7 +14,7 @@ import torch
 from hypothesis import strategies as st
 
 from kernels.contract import Capabilities
-from properties.validation import check_choices, check_int
+from properties.validation import check_choices
 from verify import values
 from verify.errors import UsageError
 
@@ -66,9 +66,3 @@ def dtypes(*, capabilities: Capabilities, device: str, include: Iterable[str] | 
         raise UsageError(f"device={device!r}: the kernel supports no dtype there (it runs on {sorted(capabilities.dtypes)})")
     chosen = supported if include is None else check_choices("dtypes", include, supported)
     return st.sampled_from(chosen)
-
-
-def repeats(*, max_value: int = 3) -> st.SearchStrategy[int]:
-    """How many extra calls a determinism property makes."""
-    check_int("max_value", max_value, min_value=1)
-    return st.integers(1, max_value)

@@ -1,10 +1,12 @@
 """The pytest plugin of the property suite (entry point ``pytest11: fa2_verify``).
 
 ``pytest properties --kernel=NAME|module:attr [--device=cpu|cuda] [--fa2-profile=dev|ci|nightly]``
-runs every property test against one kernel target.
+runs every property test against one kernel target (``--fa2-dtypes`` limits
+the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 
 * Options live in one group, ``fa2-verify``; a bad value is a
-  ``pytest.UsageError`` naming the flag.
+  ``pytest.UsageError`` naming the flag.  They are checked (and the kernel
+  loaded) at startup only when given, so other test suites pay nothing.
 * With pytest-xdist on CUDA, ``-n <number of GPUs>`` gives each worker its own
   GPU: worker ``gwI`` runs on ``cuda:I`` (:func:`worker_device`).
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
@@ -174,14 +176,13 @@ def suite(request: pytest.FixtureRequest):
         kernel = load_kernel(options["kernel"])
     except Fa2VerifyError as exc:
         raise _usage("--kernel", options["kernel"], str(exc)) from None
-    suite = Suite(
+    return Suite(
         kernel=kernel,
         device=options["device"],
         profile=profiles.get(options["profile"]),
         golden_options=GoldenOptions(cache_dir=golden_cache_dir(request.config.rootpath)),
         dtypes=options["dtypes"],
     )
-    return suite
 
 
 def _is_property(item: pytest.Item) -> bool:

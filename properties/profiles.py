@@ -9,7 +9,10 @@ A profile is an example budget, a randomness policy and the shape limits
   reproducible), bounded to fit a 2-core CPU runner, ``print_blob=True`` so a
   failure prints its ``@reproduce_failure`` blob.  Hypothesis forbids an
   example database together with ``derandomize`` (``database=None`` is
-  implied), so this profile stores nothing;
+  implied), so this profile stores nothing.  It also leaves out
+  ``Phase.target``: hill-climbing on ``hypothesis.target`` pays off over
+  hundreds of examples, and in a budget of tens of examples it spends most of them on
+  near-copies of one case instead of new shapes;
 * ``nightly``: many random examples and larger shapes, with the example
   database.  The database is set explicitly
   (``DirectoryBasedExampleDatabase``), because with ``CI`` set in the
@@ -50,6 +53,9 @@ class Limits:
 class Profile:
     """One profile: ``max_examples`` per property test, derandomized or not, and shape limits.
 
+    ``targeting=False`` drops Hypothesis' target phase (hill-climbing on the
+    scores passed to ``hypothesis.target``).
+
     ``cpu_limits`` apply on the CPU, where the mpmath golden and the kernel are
     slow; ``cuda_limits`` on a GPU.
     """
@@ -60,6 +66,7 @@ class Profile:
     derandomize: bool
     cpu_limits: Limits
     cuda_limits: Limits
+    targeting: bool = True
 
     def limits(self, device: str) -> Limits:
         return self.cuda_limits if device.startswith("cuda") else self.cpu_limits
@@ -71,12 +78,20 @@ _GPU = Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=160, max_head
 PROFILES: dict[str, Profile] = {
     profile.name: profile
     for profile in (
-        Profile("dev", "quick local run, random, with the example database", 12, False, _SMALL, _GPU),
-        Profile("ci", "derandomized and bounded for a 2-core CPU runner, prints the reproduction blob", 10, True, _SMALL, _GPU),
+        Profile("dev", "quick local run, random, with the example database", 15, False, _SMALL, _GPU),
+        Profile(
+            "ci",
+            "derandomized and bounded for a 2-core CPU runner, prints the reproduction blob",
+            60,
+            True,
+            _SMALL,
+            _GPU,
+            targeting=False,
+        ),
         Profile(
             "nightly",
             "many random examples and larger shapes, with the example database",
-            200,
+            1000,
             False,
             Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=136, max_head_dim=64),
             Limits(max_batch=3, max_heads_kv=3, max_group=4, max_seqlen=300, max_head_dim=256),
@@ -99,7 +114,7 @@ def settings_for(profile: Profile, *, database_dir: pathlib.Path | None):
     still works.  No deadline: one example runs the golden and the kernel,
     whose time depends on the shape drawn.
     """
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
     from hypothesis.database import DirectoryBasedExampleDatabase
 
     database = None
@@ -112,6 +127,7 @@ def settings_for(profile: Profile, *, database_dir: pathlib.Path | None):
         deadline=None,
         print_blob=True,
         verbosity=settings.default.verbosity,
+        phases=tuple(Phase) if profile.targeting else tuple(phase for phase in Phase if phase is not Phase.target),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
 

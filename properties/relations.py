@@ -1,6 +1,6 @@
 """Metamorphic relations: input transformations whose effect on a correct kernel's outputs is known.
 
-Each function here builds the related inputs; :mod:`properties.checks` runs
+Each function here builds the related inputs; :mod:`properties.relation_checks` runs
 the kernel on both sides and compares them with :func:`compare_runs`.  For a
 relation ``f(x') = g(f(x))`` both sides are kernel outputs, each within
 ``tau * B`` of its exact value (B the first-order bound of
