@@ -82,8 +82,9 @@ class Capabilities:
 
     ``dtypes`` maps a device type (``"cpu"``, ``"cuda"``) to the dtype names that
     run there; a device absent from it is unsupported.  ``head_dims`` lists
-    every supported head dimension.  ``notes`` are human-readable restrictions
-    shown by ``fa2-verify kernels``.
+    every supported head dimension; ``device_head_dims`` narrows it on a device
+    whose path supports fewer (read both through :meth:`head_dims_on`).
+    ``notes`` are human-readable restrictions shown by ``fa2-verify kernels``.
     """
 
     dtypes: Mapping[str, tuple[str, ...]]
@@ -95,6 +96,11 @@ class Capabilities:
     deterministic_backward: bool = False
     varlen: bool = False
     notes: tuple[str, ...] = ()
+    device_head_dims: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    def head_dims_on(self, device: str) -> tuple[int, ...]:
+        """The head dimensions supported on ``device`` (a device or device type)."""
+        return self.device_head_dims.get(torch.device(device).type, self.head_dims)
 
     def unsupported_reason(
         self,
@@ -116,8 +122,8 @@ class Capabilities:
             return f"device={device_type} is not supported (supported: {sorted(self.dtypes)})"
         if dtype not in self.dtypes[device_type]:
             return f"dtype={dtype} is not supported on {device_type} (supported: {list(self.dtypes[device_type])})"
-        if head_dim not in self.head_dims:
-            return f"head_dim={head_dim} is not supported"
+        if head_dim not in self.head_dims_on(device_type):
+            return f"head_dim={head_dim} is not supported on {device_type}"
         if causal and not self.causal:
             return "causal masks are not supported"
         if tuple(window_size) != (UNBOUNDED, UNBOUNDED) and not self.window:
@@ -144,6 +150,7 @@ class Capabilities:
             "deterministic_backward": self.deterministic_backward,
             "varlen": self.varlen,
             "notes": list(self.notes),
+            "device_head_dims": {device: list(dims) for device, dims in self.device_head_dims.items()},
         }
 
 

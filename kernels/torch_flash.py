@@ -67,13 +67,12 @@ def _deterministic_algorithms(enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(previous, warn_only=warn_only)
 
 
-def cuda_unsupported_reason(head_dim: int, device: torch.device) -> str | None:
-    """Why PyTorch's CUDA flash kernel cannot run this head_dim on ``device``, or None."""
-    if head_dim % CUDA_HEAD_DIM_MULTIPLE or head_dim > CUDA_MAX_HEAD_DIM:
-        return (
-            f"head_dim={head_dim}: PyTorch's CUDA flash kernel needs a multiple of "
-            f"{CUDA_HEAD_DIM_MULTIPLE} up to {CUDA_MAX_HEAD_DIM}"
-        )
+#: Head dims of PyTorch's CUDA flash kernel: multiples of 8 up to 256.
+CUDA_HEAD_DIMS: tuple[int, ...] = tuple(range(CUDA_HEAD_DIM_MULTIPLE, CUDA_MAX_HEAD_DIM + 1, CUDA_HEAD_DIM_MULTIPLE))
+
+
+def cuda_unsupported_reason(device: torch.device) -> str | None:
+    """Why PyTorch's CUDA flash kernel cannot run on ``device``, or None."""
     if not torch.backends.cuda.is_flash_attention_available():
         return "this PyTorch build has no CUDA flash attention (torch.backends.cuda.is_flash_attention_available() is False)"
     capability = torch.cuda.get_device_capability(device)
@@ -158,9 +157,10 @@ class TorchFlash:
         backward=True,
         deterministic_backward=True,
         varlen=False,
+        device_head_dims={"cuda": CUDA_HEAD_DIMS},
         notes=(
             f"cuda: head_dim must be a multiple of {CUDA_HEAD_DIM_MULTIPLE} up to {CUDA_MAX_HEAD_DIM}, "
-            "and the GPU sm80 or newer (other cases are unsupported)",
+            "and the GPU sm80 or newer",
             "cpu: seqlen_q=0 or seqlen_k=0 is unsupported (PyTorch's CPU kernel crashes the process on it)",
             "cpu: PyTorch writes lse=0 for a row that sees no key; the adapter reports -inf",
             "cpu: lse is computed in float64 for float64 inputs and returned as float32 (the contract)",
@@ -188,7 +188,7 @@ class TorchFlash:
             heads_kv=k.shape[2],
         )
         if reason is None and q.device.type == "cuda":
-            reason = cuda_unsupported_reason(q.shape[-1], q.device)
+            reason = cuda_unsupported_reason(q.device)
         if reason is None and q.device.type == "cpu":
             reason = cpu_unsupported_reason(q.shape[1], k.shape[1])
         if reason is not None:

@@ -64,17 +64,17 @@ def test_cpu_refuses_empty_sequences(seqlen_q, seqlen_k) -> None:
 
 def test_outside_capabilities_is_unsupported() -> None:
     q, k, v, _ = make_inputs((1, 4, 4, 2, 2, 600), torch.float32)
-    with pytest.raises(UnsupportedCase, match="torch-flash: head_dim=600 is not supported"):
+    with pytest.raises(UnsupportedCase, match="torch-flash: head_dim=600 is not supported on cpu"):
         KERNEL.forward(q, k, v, softmax_scale=1.0)
 
 
-@pytest.mark.parametrize("head_dim, supported", [(64, True), (256, True), (12, False), (264, False)])
-def test_cuda_head_dims(head_dim, supported) -> None:
-    reason = torch_flash.cuda_unsupported_reason(head_dim, torch.device("cuda"))
-    if supported:
-        assert reason is None or "head_dim" not in reason
-    else:
-        assert reason == f"head_dim={head_dim}: PyTorch's CUDA flash kernel needs a multiple of 8 up to 256"
+@pytest.mark.parametrize("head_dim, supported", [(64, True), (256, True), (12, False), (264, False), (600, False)])
+def test_cuda_head_dims_are_declared_per_device(head_dim, supported) -> None:
+    reason = KERNEL.capabilities.unsupported_reason(device="cuda", dtype="float16", head_dim=head_dim)
+    assert (reason is None) == supported
+    if not supported:
+        assert reason == f"head_dim={head_dim} is not supported on cuda"
+    assert KERNEL.capabilities.unsupported_reason(device="cpu", dtype="float16", head_dim=12) is None
 
 
 @pytest.mark.parametrize("window, causal", [((-1, -1), False), ((-1, 0), True), ((3, 1), False)])
