@@ -64,14 +64,15 @@ def head_counts(
     return pairs.filter(lambda heads: heads[0] >= min_heads_q) if min_heads_q > 1 else pairs
 
 
-def head_dims(*, capabilities: Capabilities, max_value: int = 64) -> st.SearchStrategy[int]:
-    """A head dim the kernel declares, at most ``max_value``, smallest first."""
+def head_dims(*, capabilities: Capabilities, device: str = "cpu", max_value: int = 64) -> st.SearchStrategy[int]:
+    """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first."""
     check_int("max_value", max_value, min_value=1)
-    supported = sorted(d for d in capabilities.head_dims if d <= max_value)
+    declared = capabilities.head_dims_on(device)
+    supported = sorted(d for d in declared if d <= max_value)
     if not supported:
         raise UsageError(
-            f"max_value={max_value} excludes every head dim the kernel supports "
-            f"({min(capabilities.head_dims)}..{max(capabilities.head_dims)}): raise max_value"
+            f"max_value={max_value} excludes every head dim the kernel supports on {device} "
+            f"({min(declared)}..{max(declared)}): raise max_value"
         )
     return st.sampled_from(supported)
 

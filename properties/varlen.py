@@ -145,7 +145,7 @@ def varlen_specs(
             seqlens=seqlens,
             heads_q=heads_q,
             heads_kv=heads_kv,
-            head_dim=draw(shapes.head_dims(capabilities=capabilities, max_value=limits.max_head_dim)),
+            head_dim=draw(shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim)),
             dtype=draw(inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)),
             causal=causal,
             window_size=window_size,

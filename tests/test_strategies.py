@@ -243,3 +243,17 @@ def test_dp_cancellation_makes_dp_minus_d_tiny_relative_to_dp():
 def test_visible_mask_agrees_with_rows_without_keys():
     visible = visible_mask(7, 3, causal=True)
     assert masks.rows_without_keys(7, 3, (True, (UNBOUNDED, UNBOUNDED))) == int((~visible.any(1)).sum()) == 4
+
+
+@given(data=st.data())
+@settings(max_examples=25, deadline=None)
+def test_head_dims_follow_the_device(data) -> None:
+    """A head dim is drawn from what the kernel declares on the chosen device, so nothing is filtered later."""
+    capabilities = Capabilities(
+        dtypes={"cpu": ("float16",), "cuda": ("float16",)},
+        head_dims=tuple(range(1, 65)),
+        device_head_dims={"cuda": (8, 16, 24, 32)},
+    )
+    on_cuda = data.draw(shapes.head_dims(capabilities=capabilities, device="cuda:1", max_value=64))
+    on_cpu = data.draw(shapes.head_dims(capabilities=capabilities, device="cpu", max_value=64))
+    assert on_cuda in (8, 16, 24, 32) and 1 <= on_cpu <= 64
