@@ -9,9 +9,9 @@ import torch
 
 from golden import cache, certify, fast, mp
 from golden.inputs import Problem, prepare, to_contract
-from golden.options import GoldenOptions
+from golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from kernels.contract import effective_window
-from verify.errors import UsageError
+from verify.errors import GoldenError, UsageError
 
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 
@@ -66,7 +66,9 @@ def compute(
     sees no key has ``out = 0``, ``dq = 0``, ``lse = -inf``.  ``q``, ``k``, ``v``,
     ``dout`` are contract-layout tensors of any float dtype and device.
     ``options.method`` picks mpmath (:mod:`golden.mp`) or the certified fast path
-    (:mod:`golden.fast`, :mod:`golden.certify`); results are read from and
+    (:mod:`golden.fast`, :mod:`golden.certify`); ``"auto"`` falls back to mpmath
+    when the fast path fails certification on a case of at most
+    ``AUTO_FALLBACK_MAX_WORK``; results are read from and
     written to the cache (:mod:`golden.cache`) when ``options.resolved_cache_dir()``
     names one.
     """
@@ -87,10 +89,17 @@ def compute(
     else:
         served = fast.attention(problem)
         seed = int(entry_key[:16], 16)
-        bounds = certify.certify(
-            problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=seed
-        )
-        arrays = {name: getattr(served, name) for name in shapes}
+        try:
+            bounds = certify.certify(
+                problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=seed
+            )
+            arrays = {name: getattr(served, name) for name in shapes}
+        except GoldenError:
+            if options.method != "auto" or problem.work > AUTO_FALLBACK_MAX_WORK:
+                raise
+            method = "mpmath"
+            arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
+            bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
     if cache_dir is not None:
         cache.store(cache_dir, entry_key, arrays, {"method": method, "certified_bound": bounds})
     return _result(arrays, method, bounds)

@@ -27,6 +27,12 @@ MIN_PRECISION_BITS = 64
 #: on one CPU core (6 multiply-adds of ~0.7 us per unit of work).
 AUTO_MPMATH_MAX_WORK = 2**15
 
+#: Largest work that ``method="auto"`` recomputes in mpmath (about 30 s) when the
+#: fast path fails its certification, e.g. on inputs scaled so small that
+#: float64's relative accuracy no longer meets the limit; larger cases raise
+#: :class:`~verify.errors.GoldenError`, a harness error, never a kernel failure.
+AUTO_FALLBACK_MAX_WORK = 2**22
+
 #: Directory of the golden cache when ``GoldenOptions.cache_dir`` is None.
 CACHE_ENV = "FA2_VERIFY_GOLDEN_CACHE"
 

@@ -130,6 +130,18 @@ def test_certification_fails_on_a_corrupted_fast_path(monkeypatch, name):
         golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=FAST)
 
 
+def test_auto_falls_back_to_mpmath_when_certification_fails(monkeypatch):
+    """``method="auto"`` answers with mpmath, not an error, when the fast path fails its certificate."""
+    q, k, v, dout = _case(seqlen_q=48, seqlen_k=48, heads_q=4, heads_kv=2, head_dim=8)
+    _corrupt(monkeypatch, "dq")
+    auto = golden.GoldenOptions(method="auto")
+    assert auto.resolved_method(inputs.prepare(q, k, v, dout, softmax_scale=0.45, causal=True).work) == "fast"
+    result = golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=auto)
+    exact = golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=golden.GoldenOptions(method="mpmath"))
+    assert result.method == "mpmath" and set(result.certified_bound.values()) == {0.0}
+    assert torch.equal(result.dq, exact.dq)
+
+
 @pytest.mark.parametrize("name", ["out", "lse", "dq", "dk", "dv"])
 def test_a_nan_anywhere_fails_certification(monkeypatch, name):
     """NaN never passes, even in a row the certification does not sample."""

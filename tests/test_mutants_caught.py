@@ -216,17 +216,24 @@ def test_every_property_can_fail(name, golden_options):
     assert result.caught, f"{name} did not catch {type(breaker).__name__} in {result.examples} examples"
 
 
-#: Correct kernels on the CPU and the dtypes they are correct in there.  PyTorch's
-#: CPU flash kernel returns an LSE accurate to only ~1e-5 for 16-bit inputs
-#: (kernels/torch_flash.py), which the suite reports as a failure.
-CORRECT = {"reference": None, "torch-flash": ("float32", "float64")}
+#: Correct kernels: the device each is checked on and the dtypes it is correct in
+#: there.  PyTorch's CPU flash kernel returns an LSE accurate to only ~1e-5 for
+#: 16-bit inputs (kernels/torch_flash.py), which the suite reports as a failure.
+CORRECT = {
+    "reference": ("cpu", None),
+    "torch-flash": ("cpu", ("float32", "float64")),
+    "triton": ("cuda", None),
+}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
-@pytest.mark.parametrize("kernel", sorted(CORRECT))
+@pytest.mark.parametrize(
+    "kernel", [pytest.param(name, marks=[pytest.mark.gpu] if CORRECT[name][0] == "cuda" else []) for name in sorted(CORRECT)]
+)
 def test_correct_kernels_pass_every_property(kernel, seed, golden_options):
-    suite = _suite(kernel, load_kernel(kernel).target, golden_options, CORRECT[kernel])
+    device, dtypes = CORRECT[kernel]
+    suite = Suite(load_kernel(kernel), device, CI, golden_options, dtypes)
     random_search = settings(harness.catch_settings(CI), derandomize=False, max_examples=2)
     failures = [
         result.message
