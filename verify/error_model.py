@@ -98,7 +98,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     * (4) backward P    ``E_ij = Delta_ij + B^L_i + u_a (|S_ij| + |LSE_i|)``
     * (5) D             ``B^D_i = sum_c |dO_ic| B^O_ic + gamma_d sum_c |dO_ic| |O_ic|``
     * (6) dS            ``B^dS_ij = P_ij (E_ij |dP_ij - D_i| + gamma_d sum_c |dO_ic| |V_jc| + B^D_i)
-      + (u + 2 u_a) |dS_ij| + eta [j visible from i]``
+      + (u + 2 u_a) |dS_ij| + (eta + eta_a |dP_ij - D_i|) [j visible from i]``
     * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + eta [visible]) |dO_ic|
       + (gamma_{N_j+G} + u_G) sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta``, ``u_G = u`` if ``G > 1`` else 0
     * (8) dQ            ``B^dQ_ic = scale sum_j B^dS_ij |K_jc| + gamma_{n_i+2} scale sum_j |dS_ij| |K_jc|
@@ -116,6 +116,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     u_lse = lse_storage_unit(dtype)
     eta = underflow_unit(dtype)
     eta_lse = underflow_unit(torch.float32)
+    eta_a = underflow_unit(torch.float64 if dtype == torch.float64 else torch.float32)
     scale = spec.scale
 
     def gamma(n):
@@ -203,7 +204,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 b_ds = (
                     p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[:, None])
                     + (u + 2 * u_a) * ds_abs
-                    + eta * seen[rows]
+                    + (eta + eta_a * centered) * seen[rows]
                 )
                 # (8)
                 bound_dq[b, rows, h] = (
