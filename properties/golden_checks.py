@@ -28,6 +28,7 @@ def against_golden(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
     result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
     if result.status == "unsupported":
         verdicts.declined(suite, result.reason or "")
+    suite.keep(result)
     comparison = result.comparisons.get(output)
     if comparison is None:
         return verdicts.failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
@@ -42,6 +43,7 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> Verdict:
     result = check_case(suite.kernel, make_case(spec, suite.device), golden_options=suite.golden_options)
     if result.status == "unsupported":
         verdicts.declined(suite, result.reason or "")
+    suite.keep(result)
     if not result.comparisons:
         return verdicts.failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
     counts = {name: comparison.nonfinite for name, comparison in result.comparisons.items()}

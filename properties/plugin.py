@@ -208,10 +208,16 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     suite = item.funcargs["suite"]
     suite.take_observations()
+    suite.take_results()
     try:
         return (yield)
     finally:
         item.user_properties.append((_OBSERVED, json.dumps(suite.take_observations())))
+        results = suite.take_results()
+        if item.config.getoption("allure_report_dir", None):
+            from verify import allure_report
+
+            allure_report.record_property_test(item.name, results, kernel=suite.kernel.name, device=suite.device)
 
 
 class Summary:

@@ -21,6 +21,7 @@ from properties.profiles import Profile
 from properties.varlen import VarlenSpec, varlen_specs
 from verify.case import CaseSpec
 from verify.registry import LoadedKernel
+from verify.results import CaseResult
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class Suite:
     dtypes: tuple[str, ...] | None = None
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
     _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    _results: list[CaseResult] = dataclasses.field(default_factory=list)
 
     def __repr__(self) -> str:
         return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
@@ -101,6 +103,15 @@ class Suite:
     def decline(self, reason: str) -> None:
         """Record an example the kernel declined at run time (:class:`~verify.errors.UnsupportedCase`)."""
         self._unsupported[reason] = self._unsupported.get(reason, 0) + 1
+
+    def keep(self, result: CaseResult) -> None:
+        """Keep a comparison against the golden for the test's report (Allure distributions)."""
+        self._results.append(result)
+
+    def take_results(self) -> list[CaseResult]:
+        """The results kept since the last call (one test's); then start afresh."""
+        results, self._results = self._results, []
+        return results
 
     def take_observations(self) -> dict[str, Any]:
         """What was observed since the last call (one test's), as JSON-ready data; then start afresh."""

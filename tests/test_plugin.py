@@ -8,6 +8,7 @@ kernel module written by the test load by ``module:attr``.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import subprocess
@@ -83,6 +84,20 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
             "SKIPPED [[]3[]] *: unsupported: forward_only:KERNEL lacks the capability 'backward'",
         ]
     )
+
+
+def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, pytester):
+    """Each property test is one Allure result, labelled, with attachments made once per test."""
+    results = pytester.path / "allure-results"
+    outcome = run("--pyargs", "properties", "-k", "out_within_error_model", "--kernel=reference", "--fa2-profile=dev",
+                  f"--alluredir={results}")
+    outcome.assert_outcomes(passed=1)
+    (record,) = [json.loads(path.read_text()) for path in results.glob("*-result.json")]
+    labels = {label["name"]: label["value"] for label in record["labels"]}
+    assert labels["kernel"] == "reference" and labels["device"] == "cpu"
+    attached = [attachment["name"] for attachment in record["attachments"]]
+    assert "error histogram: out" in attached and len(attached) == len(set(attached))
+    assert any(name.endswith(".csv") for name in attached)
 
 
 def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
