@@ -19,13 +19,13 @@ from typing import Any, NoReturn
 import torch
 from hypothesis import note, reject, target
 
-import golden
 from properties import relations
 from properties.harness import Verdict
 from properties.runs import KernelFailure, Outputs, run
 from properties.session import Suite
 from verify import error_model
 from verify.case import Case, CaseSpec
+from verify.check import golden_for
 from verify.errors import UnsupportedCase
 from verify.metrics import OutputComparison, describe_failure
 from verify.results import CaseResult
@@ -60,17 +60,7 @@ def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> Verdict
 
 def golden_of(suite: Suite, case: Case) -> Any:
     """``golden.compute`` for ``case`` (forward and, if the case has one, backward)."""
-    spec = case.spec
-    return golden.compute(
-        case.q,
-        case.k,
-        case.v,
-        case.dout if spec.backward else None,
-        softmax_scale=spec.scale,
-        causal=spec.causal,
-        window_size=spec.window_size,
-        options=suite.golden_options,
-    )
+    return golden_for(case, suite.golden_options)
 
 
 def bounds_of(suite: Suite, case: Case) -> dict[str, torch.Tensor]:

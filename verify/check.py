@@ -127,6 +127,22 @@ def _run_kernel(kernel: LoadedKernel, case: Case) -> dict[str, torch.Tensor]:
     return outputs
 
 
+def golden_for(case: Case, golden_options: Any = None) -> Any:
+    """``golden.compute`` of ``case``: the forward, and the backward when the spec has one."""
+    spec = case.spec
+    options = {} if golden_options is None else {"options": golden_options}
+    return golden_module.compute(
+        case.q,
+        case.k,
+        case.v,
+        case.dout if spec.backward else None,
+        softmax_scale=spec.scale,
+        causal=spec.causal,
+        window_size=spec.window_size,
+        **options,
+    )
+
+
 def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
     """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
     spec = case.spec
@@ -155,17 +171,7 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
     except _KernelError as exc:
         return result("error", str(exc))
 
-    options = {} if golden_options is None else {"options": golden_options}
-    golden = golden_module.compute(
-        case.q,
-        case.k,
-        case.v,
-        case.dout if spec.backward else None,
-        softmax_scale=spec.scale,
-        causal=spec.causal,
-        window_size=spec.window_size,
-        **options,
-    )
+    golden = golden_for(case, golden_options)
     bounds = error_model.first_order_bounds(case, golden)
     naive = lowprec.naive_attention(case)
     comparisons = {
