@@ -10,13 +10,14 @@ from hypothesis import note
 
 from properties import verdicts
 from properties.harness import Verdict
-from properties.runs import KernelFailure, run_varlen
+from properties.runs import run_varlen
 from properties.session import Suite
 from properties.varlen import VarlenSpec, pack
 from verify import error_model, metrics
 from verify.case import CaseSpec, make_case
 from verify.check import check_case
 from verify.errors import UnsupportedCase
+from verify.kernel_call import KernelFailure
 from verify.metrics import describe_failure
 from verify.results import CaseResult
 

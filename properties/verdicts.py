@@ -21,12 +21,13 @@ from hypothesis import note, reject, target
 
 from properties import relations
 from properties.harness import Verdict
-from properties.runs import KernelFailure, Outputs, run
+from properties.runs import Outputs, run
 from properties.session import Suite
 from verify import error_model
 from verify.case import Case, CaseSpec
 from verify.check import golden_for
 from verify.errors import UnsupportedCase
+from verify.kernel_call import KernelFailure
 from verify.metrics import OutputComparison, describe_failure
 from verify.results import CaseResult
 

@@ -22,78 +22,19 @@ recorded as a kernel failure.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import torch
 
 import golden as golden_module
-from kernels.contract import dtype_name
 from verify import error_model, lowprec, metrics
 from verify.case import Case, CaseSpec, make_case
 from verify.errors import UnsupportedCase
-from verify.poison import poisoned
+from verify.kernel_call import KernelFailure, run_case
 from verify.registry import LoadedKernel
 from verify.results import CaseResult, RunResult, environment
 
 _INTEGER_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-class _KernelError(Exception):
-    """The kernel raised or broke its contract; the message becomes the case's reason."""
-
-
-def _expected_layouts(case: Case) -> dict[str, tuple[tuple[int, ...], torch.dtype, str]]:
-    """Output name -> (shape, dtype, shape description) that the contract requires."""
-    spec = case.spec
-    q_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
-    kv_shape = (spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim)
-    q_axes, kv_axes = "(batch, seqlen_q, heads_q, head_dim)", "(batch, seqlen_k, heads_kv, head_dim)"
-    return {
-        "out": (q_shape, spec.torch_dtype, q_axes),
-        "lse": ((spec.batch, spec.heads_q, spec.seqlen_q), torch.float32, "(batch, heads_q, seqlen_q)"),
-        "dq": (q_shape, spec.torch_dtype, q_axes),
-        "dk": (kv_shape, spec.torch_dtype, kv_axes),
-        "dv": (kv_shape, spec.torch_dtype, kv_axes),
-    }
-
-
-def _call(kernel: LoadedKernel, entry: str, call: Callable[[], Any], outputs: tuple[str, ...], case: Case):
-    """Run one kernel entry point under poisoning; return its outputs by name after checking the contract."""
-    layouts = _expected_layouts(case)
-    device = case.q.device
-    with poisoned(device, [layouts[name][:2] for name in outputs]):
-        try:
-            returned = call()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        except UnsupportedCase:
-            raise
-        except Exception as exc:
-            raise _KernelError(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
-    expected = f"({', '.join(outputs)})"
-    if not isinstance(returned, (tuple, list)):
-        raise _KernelError(f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple {expected}")
-    if len(returned) != len(outputs):
-        raise _KernelError(
-            f"{kernel.name}.{entry} returned {len(returned)} value(s), expected {len(outputs)}: {expected}"
-        )
-    named = dict(zip(outputs, returned))
-    for name, tensor in named.items():
-        shape, dtype, axes = layouts[name]
-        if not isinstance(tensor, torch.Tensor):
-            raise _KernelError(f"{kernel.name}.{entry} returned {name} as {type(tensor).__name__}, expected a tensor")
-        if tuple(tensor.shape) != shape:
-            raise _KernelError(
-                f"{kernel.name}.{entry} returned {name} with shape {tuple(tensor.shape)}, expected {shape} = {axes}"
-            )
-        if tensor.dtype != dtype:
-            raise _KernelError(
-                f"{kernel.name}.{entry} returned {name} with dtype {dtype_name(tensor.dtype)}, "
-                f"expected {dtype_name(dtype)}"
-            )
-        if tensor.device != device:
-            raise _KernelError(f"{kernel.name}.{entry} returned {name} on {tensor.device}, expected {device}")
-    return named
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
@@ -102,28 +43,12 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _run_kernel(kernel: LoadedKernel, case: Case) -> dict[str, torch.Tensor]:
-    spec = case.spec
+    """The kernel's outputs (:func:`verify.kernel_call.run_case`); a kernel that writes into its inputs fails."""
     before = {name: _bits(getattr(case, name)) for name in ("q", "k", "v", "dout")}
-    masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
-    forward = _call(
-        kernel, "forward", lambda: kernel.forward(case.q, case.k, case.v, **masking), ("out", "lse"), case
-    )
-    outputs = {name: tensor.detach().clone() for name, tensor in forward.items()}
-    if spec.backward:
-        backward = _call(
-            kernel,
-            "backward",
-            lambda: kernel.backward(
-                case.dout, case.q, case.k, case.v, forward["out"], forward["lse"],
-                deterministic=spec.deterministic, **masking,
-            ),
-            ("dq", "dk", "dv"),
-            case,
-        )
-        outputs.update(backward)
+    outputs = run_case(kernel, case)
     for name, bits in before.items():
         if not torch.equal(_bits(getattr(case, name)), bits):
-            raise _KernelError(f"{kernel.name} modified its input {name} in place")
+            raise KernelFailure(f"{kernel.name} modified its input {name} in place")
     return outputs
 
 
@@ -168,7 +93,7 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
         actual = _run_kernel(kernel, case)
     except UnsupportedCase as exc:
         return result("unsupported", str(exc))
-    except _KernelError as exc:
+    except KernelFailure as exc:
         return result("error", str(exc))
 
     golden = golden_for(case, golden_options)
