@@ -64,20 +64,7 @@ def test_bad_arguments_raise_usage_errors(call):
 
 
 def _supported(spec: CaseSpec, capabilities: Capabilities) -> bool:
-    return (
-        capabilities.unsupported_reason(
-            device="cpu",
-            dtype=spec.dtype,
-            head_dim=spec.head_dim,
-            causal=spec.causal,
-            window_size=spec.window_size,
-            heads_q=spec.heads_q,
-            heads_kv=spec.heads_kv,
-            backward=spec.backward,
-            deterministic=spec.deterministic,
-        )
-        is None
-    )
+    return spec.unsupported_reason(capabilities, "cpu") is None
 
 
 @QUICK

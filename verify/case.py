@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kernels.contract import DTYPES, UNBOUNDED, effective_window
+from kernels.contract import DTYPES, UNBOUNDED, Capabilities, effective_window
 from verify import values
 from verify.errors import UsageError
 
@@ -71,6 +71,20 @@ class CaseSpec:
         if self.heads_kv != self.heads_q:
             return f"{mask}+gqa"
         return mask
+
+    def unsupported_reason(self, capabilities: Capabilities, device: str) -> str | None:
+        """Why a kernel with ``capabilities`` cannot run this case on ``device``, or ``None``."""
+        return capabilities.unsupported_reason(
+            device=device,
+            dtype=self.dtype,
+            head_dim=self.head_dim,
+            causal=self.causal,
+            window_size=self.window_size,
+            heads_q=self.heads_q,
+            heads_kv=self.heads_kv,
+            backward=self.backward,
+            deterministic=self.deterministic,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)

@@ -76,17 +76,7 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
     def result(status: str, reason: str | None = None, **extra: Any) -> CaseResult:
         return CaseResult(spec=spec, kernel=kernel.name, device=device, status=status, reason=reason, **extra)
 
-    reason = kernel.unavailable_reason(device) or kernel.capabilities.unsupported_reason(
-        device=device,
-        dtype=spec.dtype,
-        head_dim=spec.head_dim,
-        causal=spec.causal,
-        window_size=spec.window_size,
-        heads_q=spec.heads_q,
-        heads_kv=spec.heads_kv,
-        backward=spec.backward,
-        deterministic=spec.deterministic,
-    )
+    reason = kernel.unavailable_reason(device) or spec.unsupported_reason(kernel.capabilities, device)
     if reason is not None:
         return result("unsupported", reason)
     try:
