@@ -2,7 +2,7 @@
 # Every GPU claim of fa2-verify in one call, on a machine with no network and no
 # install step (the project runs from the source tree through PYTHONPATH):
 #   1. `run` on the fixed cases for triton and torch-flash;
-#   2. the property suite (ci profile) against both, one xdist worker per GPU;
+#   2. the property suite (ci profile) against both (ci/device-properties.sh);
 #   3. baselines of both on the gate corpus (3 repeats, for the atomic dQ),
 #      the gate twice against each, and a degraded triton (error of out x2)
 #      that the gate must fail.
@@ -33,15 +33,13 @@ expect() {  # expect CODE DESCRIPTION COMMAND...
 
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+if [[ "$steps" == *properties* ]]; then
+    expect 0 properties bash ci/device-properties.sh "$out"
+fi
 for kernel in triton torch-flash; do
     if [[ "$steps" == *run* ]]; then
         expect 0 "run-$kernel" "${fv[@]}" run --kernel "$kernel" --device cuda --report "$out/run-$kernel" \
             --markdown "$out/run-$kernel.md" --overwrite
-    fi
-    if [[ "$steps" == *properties* ]]; then
-        expect 0 "properties-$kernel" timeout "${FA2_PROPERTIES_TIMEOUT:-1800}" python3 -m pytest properties -p properties.plugin -n "$gpus" -q \
-            --kernel "$kernel" --device cuda --fa2-profile ci --fa2-examples-dir "$out/examples-$kernel" \
-            -p no:cacheprovider
     fi
     if [[ "$steps" == *gate* ]]; then
         baseline="$out/baselines/$kernel-$tag.json"
@@ -60,5 +58,5 @@ if [[ "$steps" == *gate* ]]; then
     expect 1 gate-degraded env FA2_DEGRADE_OUT=1 "${fv[@]}" gate --kernel tests.degraded:TRITON --device cuda \
         --dtypes float16,bfloat16 --baseline "$degraded" --golden-cache "$cache" --overwrite
 fi
-tar czf "$archive" --exclude=golden-cache --exclude='examples-*' -C "$out" .
+tar czf "$archive" --exclude=golden-cache --exclude=triton-cache --exclude='examples-*' -C "$out" .
 exit "$status"
