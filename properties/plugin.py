@@ -9,6 +9,8 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   loaded) at startup only when given, so other test suites pay nothing.
 * With pytest-xdist on CUDA, ``-n <number of GPUs>`` gives each worker its own
   GPU: worker ``gwI`` runs on ``cuda:I`` (:func:`worker_device`).
+* Each xdist worker takes an equal share of the CPU threads
+  (:func:`worker_threads`) unless ``OMP_NUM_THREADS`` is set.
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
   ``<rootdir>/.fa2-golden-cache``.
 * A property needing a capability the kernel lacks (or a kernel that cannot
@@ -37,6 +39,7 @@ EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_KERNEL = "reference"
 DEFAULT_DEVICE = "cpu"
 MARKER = "fa2_property"
+THREADS_ENV = "OMP_NUM_THREADS"
 
 _UNSUPPORTED = "fa2_unsupported"
 _OBSERVED = "fa2_observed"
@@ -89,6 +92,16 @@ def worker_device(device: str, worker_id: str | None, device_count: int) -> str:
     if device != "cuda" or worker_id is None or device_count < 2:
         return device
     return f"cuda:{int(worker_id.removeprefix('gw')) % device_count}"
+
+
+def worker_threads(cpu_count: int, worker_count: int) -> int:
+    """CPU threads for one of ``worker_count`` xdist workers: an equal share of the cores, at least 1.
+
+    Each worker runs the golden on the CPU; with PyTorch's default (every core
+    per process) the workers would oversubscribe the machine.  Setting
+    ``OMP_NUM_THREADS`` overrides this.
+    """
+    return max(1, cpu_count // max(1, worker_count))
 
 
 def _usage(flag: str, value: object, problem: str) -> pytest.UsageError:
@@ -152,8 +165,10 @@ def _validate_target(
             )
     if device.startswith("cuda"):
         device = worker_device(device, (workerinput or {}).get("workerid"), torch.cuda.device_count())
-        if pin:
+        if pin and torch.device(device).index is not None:
             torch.cuda.set_device(torch.device(device))
+    if workerinput is not None and THREADS_ENV not in os.environ:
+        torch.set_num_threads(worker_threads(os.cpu_count() or 1, int(workerinput.get("workercount", 1))))
     return device
 
 

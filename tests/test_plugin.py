@@ -140,6 +140,11 @@ def test_worker_device(device, worker, count, expected):
     assert plugin.worker_device(device, worker, count) == expected
 
 
+@pytest.mark.parametrize("cpus, workers, expected", [(64, 20, 3), (2, 2, 1), (2, 4, 1), (16, 1, 16)])
+def test_worker_threads_share_the_cores(cpus, workers, expected):
+    assert plugin.worker_threads(cpus, workers) == expected
+
+
 def test_golden_cache_is_shared_under_the_rootdir_unless_set(monkeypatch, tmp_path):
     monkeypatch.delenv(plugin.GOLDEN_CACHE_ENV, raising=False)
     assert plugin.golden_cache_dir(tmp_path) == tmp_path / ".fa2-golden-cache"

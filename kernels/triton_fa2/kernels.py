@@ -60,6 +60,16 @@ from kernels.triton_fa2.environment import interpret_requested
 #: The interpret mode these kernels were decorated under (see environment.py).
 INTERPRET: bool = interpret_requested()
 
+#: Integer arguments Triton must not specialize on.  By default it compiles a
+#: variant for each integer argument that equals 1 or is a multiple of 16.  For
+#: sequence lengths, the GQA group, the window bounds and the LSE strides (which
+#: are sequence lengths) that buys nothing, because they only bound masks and
+#: loops, but it multiplies the compiles of a property run that draws a new shape
+#: for every example.  The strides of the (seqlen, heads, head_dim) tensors stay
+#: specialized, because a multiple of 16 there proves the alignment that
+#: vectorized loads need.
+_SIZE_ARGS = ("seqlen_q", "seqlen_k", "group", "left", "right", "stride_lb", "stride_lh")
+
 LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
 LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
@@ -206,7 +216,7 @@ def _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
     return acc, m_i, l_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def forward_kernel(
     # pointers
     Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k,
@@ -288,7 +298,7 @@ def forward_kernel(
 # --------------------------------------------------------------------------- backward
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("seqlen_q", "stride_lb", "stride_lh"))
 def backward_preprocess_kernel(
     Out, DO, Delta, cu_seqlens_q,
     stride_ob, stride_os, stride_oh,
@@ -362,7 +372,7 @@ def _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_bas
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def backward_kv_kernel(
     # pointers
     Q, K, V, DO, Lse, Delta, DQacc, DK, DV, cu_seqlens_q, cu_seqlens_k,
@@ -470,7 +480,7 @@ def _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride
     return dq
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZE_ARGS)
 def backward_dq_kernel(
     # pointers
     Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k,
