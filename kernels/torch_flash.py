@@ -32,7 +32,10 @@ What the contract cannot express in :class:`~kernels.contract.Capabilities`
 (listed in its notes) raises :class:`~verify.errors.UnsupportedCase`:
 seqlen_q = 0 or seqlen_k = 0 on CPU (the kernel kills the process with
 SIGFPE), and on CUDA a head_dim that is not a multiple of 8 or exceeds 256,
-a GPU older than sm80, or a PyTorch build without flash attention.
+a GPU older than sm80, a PyTorch build without flash attention, or a window
+the op cannot apply: flash-attn replaces an unbounded right bound facing a
+bounded left one with ``seqlen_k`` (:func:`cuda_op_window`), which is not
+unbounded once ``seqlen_q > seqlen_k + 1``.
 """
 
 from __future__ import annotations
@@ -79,6 +82,38 @@ def cuda_unsupported_reason(device: torch.device) -> str | None:
     if capability < CUDA_MIN_CAPABILITY:
         return f"PyTorch's CUDA flash kernel needs sm80 or newer; {device} is sm{capability[0]}{capability[1]}"
     return None
+
+
+def cuda_op_window(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> tuple[int, int]:
+    """The (left, right) window the CUDA op applies when handed ``window`` (-1 unbounded).
+
+    flash-attn's ``mha_fwd``/``mha_bwd`` (vendored in PyTorch as
+    ``flash_api.cpp``) first turn a bound of ``seqlen_k`` or more into -1, then
+    (``set_params_fprop``) replace a -1 facing a bounded side with ``seqlen_k``.
+    A left bound of ``seqlen_k`` hides nothing, but a right bound of
+    ``seqlen_k`` does when ``seqlen_q > seqlen_k + 1``: with bottom-right
+    alignment query ``i`` then sees only keys ``j <= i + 2 seqlen_k - seqlen_q``.
+    (And a right bound of ``seqlen_k`` or more becomes unbounded, which shows
+    keys a finite bound would hide.)
+    """
+    left, right = (UNBOUNDED if bound >= seqlen_k else bound for bound in window)
+    if left < 0 and right >= 0:
+        left = seqlen_k
+    if left >= 0 and right < 0:
+        right = seqlen_k
+    return left, right
+
+
+def cuda_window_unsupported_reason(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> str | None:
+    """Why the CUDA op cannot apply the contract's ``window`` at these lengths, or None."""
+    applied = cuda_op_window(seqlen_q, seqlen_k, window)
+    if torch.equal(visible_mask(seqlen_q, seqlen_k, window_size=window), visible_mask(seqlen_q, seqlen_k, window_size=applied)):
+        return None
+    return (
+        f"window_size={window} with seqlen_q={seqlen_q}, seqlen_k={seqlen_k}: PyTorch's CUDA flash kernel applies "
+        f"window {applied} instead (flash-attn reads an unbounded or >= seqlen_k right bound as seqlen_k), "
+        "and that mask differs from the contract's"
+    )
 
 
 def cpu_unsupported_reason(seqlen_q: int, seqlen_k: int) -> str | None:
@@ -161,6 +196,8 @@ class TorchFlash:
         notes=(
             f"cuda: head_dim must be a multiple of {CUDA_HEAD_DIM_MULTIPLE} up to {CUDA_MAX_HEAD_DIM}, "
             "and the GPU sm80 or newer",
+            "cuda: a window with a left bound and an unbounded (or >= seqlen_k) right bound is unsupported when "
+            "seqlen_q > seqlen_k + 1 (flash-attn applies right = seqlen_k there)",
             "cpu: seqlen_q=0 or seqlen_k=0 is unsupported (PyTorch's CPU kernel crashes the process on it)",
             "cpu: PyTorch writes lse=0 for a row that sees no key; the adapter reports -inf",
             "cpu: lse is computed in float64 for float64 inputs and returned as float32 (the contract)",
@@ -188,7 +225,9 @@ class TorchFlash:
             heads_kv=k.shape[2],
         )
         if reason is None and q.device.type == "cuda":
-            reason = cuda_unsupported_reason(q.device)
+            reason = cuda_unsupported_reason(q.device) or cuda_window_unsupported_reason(
+                q.shape[1], k.shape[1], effective_window(causal, window_size)
+            )
         if reason is None and q.device.type == "cpu":
             reason = cpu_unsupported_reason(q.shape[1], k.shape[1])
         if reason is not None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import golden
+from tests import naive
 from verify.case import CaseSpec, make_case
 from verify.error_model import (
     SECOND_ORDER_UNITS,
@@ -153,3 +154,39 @@ def test_dq_without_softmax_scale_fails(golden_case):
     case, result, bounds = golden_case
     unscaled = (result.dq / case.spec.scale).to(case.spec.torch_dtype)
     assert _normalized("dq", unscaled, result.dq, bounds["dq"]) > 10
+
+
+def test_flash_attn_per_head_rounding_of_gqa_partials_passes_in_the_subnormal_range():
+    """flash-attn rounds each query head's dK/dV partial to the dtype before the group sum; in
+    float16's subnormal range each rounding errs by up to eta absolute (eta_G in (7) and (9)).
+    The case is the one PyTorch's CUDA flash kernel gave on an H200 (dk 2^-24 for 3.05e-09)."""
+    spec = CaseSpec(batch=1, seqlen_q=2, seqlen_k=2, heads_q=2, heads_kv=1, head_dim=8, dtype="float16",
+                    generator="normal-x2^-8", seed=0)  # fmt: skip
+    case = make_case(spec, "cpu")
+    result = _golden(case)
+    bounds = first_order_bounds(case, result)
+    repeated = {name: t.repeat_interleave(2, dim=2) for name, t in (("k", case.k), ("v", case.v))}
+    _, dk_heads, dv_heads = naive.attention_grads(case.dout, case.q, repeated["k"], repeated["v"], softmax_scale=spec.scale)
+    for name, heads in (("dk", dk_heads), ("dv", dv_heads)):
+        per_head = heads.to(torch.float16).double().sum(dim=2, keepdim=True).to(torch.float16)
+        assert compare(name, per_head, getattr(result, name), bounds[name], threshold=1.0).passed, name
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_flushing_float32_results_below_the_smallest_normal_passes(dtype):
+    """GPUs flush subnormal float32 results (ex2.approx.ftz, atom.add.f32): for bfloat16 and float32
+    outputs, everything below 2^-126 may come back as 0 (eta_a = 2^-126 in docs/error-model.md)."""
+    spec = CaseSpec(batch=1, seqlen_q=3, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=16, dtype=dtype,
+                    generator="subnormals", seed=0)  # fmt: skip
+    case = make_case(spec, "cpu")
+    result = _golden(case)
+    bounds = first_order_bounds(case, result)
+    smallest_normal = torch.finfo(torch.float32).smallest_normal
+    flushed_any = False
+    for name in ("out", "dq", "dk", "dv"):
+        expected = getattr(result, name)
+        tiny = (expected.abs() < smallest_normal) & (expected != 0)
+        flushed_any |= bool(tiny.any())
+        flushed = expected.masked_fill(tiny, 0.0).to(spec.torch_dtype)
+        assert compare(name, flushed, expected, bounds[name], threshold=1.0).passed, name
+    assert flushed_any, "the case has no output below 2^-126: the test checks nothing"

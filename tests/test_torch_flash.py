@@ -88,6 +88,29 @@ def test_cuda_call_plumbing_on_meta_device(window, causal) -> None:
     assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape)
 
 
+# (seqlen_q, seqlen_k, window) -> the window flash-attn applies, and whether its mask differs
+CUDA_WINDOWS = {
+    "right-unbounded-long-q": (3, 1, (0, -1), (0, 1), True),  # seen on an H200: rows 0, 1 lost their key
+    "right-unbounded-long-q-2": (5, 2, (0, -1), (0, 2), True),
+    "right-at-seqlen_k": (6, 2, (1, 3), (1, 2), True),
+    "right-unbounded-q-one-longer": (3, 2, (0, -1), (0, 2), False),
+    "right-unbounded-short-q": (4, 9, (2, -1), (2, 9), False),
+    "left-unbounded": (9, 2, (-1, 0), (2, 0), False),
+    "both-too-large": (7, 3, (5, 4), (-1, -1), True),
+    "none": (7, 3, (-1, -1), (-1, -1), False),
+    "inside": (8, 8, (2, 1), (2, 1), False),
+}
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, window, applied, differs", CUDA_WINDOWS.values(), ids=CUDA_WINDOWS.keys())
+def test_cuda_windows_the_op_cannot_apply_are_unsupported(seqlen_q, seqlen_k, window, applied, differs) -> None:
+    assert torch_flash.cuda_op_window(seqlen_q, seqlen_k, window) == applied
+    reason = torch_flash.cuda_window_unsupported_reason(seqlen_q, seqlen_k, window)
+    assert (reason is not None) == differs
+    if differs:
+        assert f"applies window {applied}" in reason
+
+
 def test_deterministic_mode_is_restored() -> None:
     before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     with torch_flash._deterministic_algorithms(True):

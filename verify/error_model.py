@@ -72,6 +72,21 @@ def underflow_unit(dtype: torch.dtype) -> float:
     return max(smallest_subnormal / 2, math.ulp(0.0))
 
 
+def flush_unit(dtype: torch.dtype) -> float:
+    """``eta_a``: the largest absolute error of one accumulation-dtype operation near zero.
+
+    For float32 accumulation (16- and 32-bit inputs) float32's smallest normal
+    2^-126: GPUs flush subnormal float32 results to zero in ``ex2.approx.ftz``
+    and in the float32 atomic add (PTX ``atom.add.f32`` flushes subnormal
+    inputs and results), an error below 2^-126 each time.  For float64
+    accumulation, float64's underflow unit (its atomics and arithmetic keep
+    subnormals).
+    """
+    if dtype == torch.float64:
+        return underflow_unit(torch.float64)
+    return torch.finfo(torch.float32).smallest_normal
+
+
 def _gamma(n: torch.Tensor | float, unit: float) -> torch.Tensor:
     """``gamma_n = n u / (1 - n u)`` (Higham, Accuracy and Stability, Lemma 3.1); needs ``n u < 1``."""
     nu = torch.as_tensor(n, dtype=torch.float64) * unit
@@ -92,19 +107,21 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
 
     * (1) logit error   ``Delta_ij = gamma_{d+2} A_ij + u_a (|S_ij| + M_i) + u_f``
     * (2) output        ``B^O_ic = u (|O_ic| + sum_j P_ij |V_jc|) + gamma_{2n_i} (sum_j P_ij |V_jc| + |O_ic|)
-      + u_a |O_ic| + sum_j P_ij Delta_ij (|V_jc| + |O_ic|) + eta (1 + sum_{j visible} |V_jc|)``
+      + u_a |O_ic| + sum_j P_ij Delta_ij (|V_jc| + |O_ic|) + eta + (eta + eta_a) sum_{j visible} |V_jc|
+      + 3 n_i eta_a``
     * (3) LSE           ``B^L_i = sum_j P_ij Delta_ij + gamma_{2n_i} + u_f (1 + ln n_i) + 3 u_a (|LSE_i| + M_i)
       + u_L |LSE_i|``
     * (4) backward P    ``E_ij = Delta_ij + B^L_i + u_a (|S_ij| + |LSE_i|)``
     * (5) D             ``B^D_i = sum_c |dO_ic| B^O_ic + gamma_d sum_c |dO_ic| |O_ic|``
     * (6) dS            ``B^dS_ij = P_ij (E_ij |dP_ij - D_i| + gamma_d sum_c |dO_ic| |V_jc| + B^D_i)
-      + (u + 2 u_a) |dS_ij| + (eta + eta_a |dP_ij - D_i|) [j visible from i]``
-    * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + eta [visible]) |dO_ic|
-      + (gamma_{N_j+G} + u_G) sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta``, ``u_G = u`` if ``G > 1`` else 0
+      + (u + 2 u_a) |dS_ij| + (eta + eta_a (|dP_ij - D_i| + 2d + 2)) [j visible from i]``
+    * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + (eta + eta_a) [visible]) |dO_ic|
+      + (gamma_{N_j+G} + u_G) sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta_G + 3 (N_j + G) eta_a [N_j > 0]``,
+      ``u_G = u`` and ``eta_G = eta + G eta [N_j > 0]`` if ``G > 1``, else 0 and ``eta``
     * (8) dQ            ``B^dQ_ic = scale sum_j B^dS_ij |K_jc| + gamma_{n_i+2} scale sum_j |dS_ij| |K_jc|
-      + u |dQ_ic| + eta``
+      + u |dQ_ic| + eta + 3 (n_i + 2) max(1, scale) eta_a [n_i > 0]``
     * (9) dK            ``B^dK_jc = scale sum_(h,i) B^dS_ij |Q_ic| + (gamma_{N_j+G+2} + u_G) scale sum_(h,i) |dS_ij| |Q_ic|
-      + u |dK_jc| + eta``
+      + u |dK_jc| + eta_G + 3 (N_j + G + 2) max(1, scale) eta_a [N_j > 0]``
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``.
     """
@@ -116,7 +133,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     u_lse = lse_storage_unit(dtype)
     eta = underflow_unit(dtype)
     eta_lse = underflow_unit(torch.float32)
-    eta_a = underflow_unit(torch.float64 if dtype == torch.float64 else torch.float32)
+    eta_a = flush_unit(dtype)
     scale = spec.scale
 
     def gamma(n):
@@ -176,7 +193,9 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     + u_a * o_abs
                     + p_delta @ v_abs
                     + p_delta_sum * o_abs
-                    + eta * (1 + seen[rows] @ v_abs)
+                    + eta
+                    + (eta + eta_a) * (seen[rows] @ v_abs)
+                    + 3 * n[:, None] * eta_a
                 )
                 bound_out[b, rows, h] = b_out
                 # (3)
@@ -204,7 +223,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 b_ds = (
                     p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[:, None])
                     + (u + 2 * u_a) * ds_abs
-                    + (eta + eta_a * centered) * seen[rows]
+                    + (eta + eta_a * (centered + 2 * head_dim + 2)) * seen[rows]
                 )
                 # (8)
                 bound_dq[b, rows, h] = (
@@ -212,8 +231,9 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
                     + u * golden.dq[b, rows, h].abs()
                     + eta
+                    + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
                 )
-                dv_error[b, :, g] += (p * (p_error + u) + eta * seen[rows]).T @ dout_abs
+                dv_error[b, :, g] += (p * (p_error + u) + (eta + eta_a) * seen[rows]).T @ dout_abs
                 dv_mass[b, :, g] += p.T @ dout_abs
                 dk_error[b, :, g] += b_ds.T @ q_rows.abs()
                 dk_mass[b, :, g] += ds_abs.T @ q_rows.abs()
@@ -223,12 +243,24 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         n_key = (group * n_col)[None, :, None, None]
         # per-head partials of dK and dV may be rounded to T before the group sum (flash-attn 2)
         u_group = u if group > 1 else 0.0
+        seen_key = (n_key > 0).to(torch.float64)
+        eta_group = eta + (group if group > 1 else 0) * eta * seen_key
         bounds["dq"] = bound_dq
         # (7)
-        bounds["dv"] = dv_error + (gamma(n_key + group) + u_group) * dv_mass + u * golden.dv.abs() + eta
+        bounds["dv"] = (
+            dv_error
+            + (gamma(n_key + group) + u_group) * dv_mass
+            + u * golden.dv.abs()
+            + eta_group
+            + 3 * (n_key + group) * seen_key * eta_a
+        )
         # (9)
         bounds["dk"] = (
-            scale * dk_error + (gamma(n_key + group + 2) + u_group) * scale * dk_mass + u * golden.dk.abs() + eta
+            scale * dk_error
+            + (gamma(n_key + group + 2) + u_group) * scale * dk_mass
+            + u * golden.dk.abs()
+            + eta_group
+            + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
         )
     for name, bound in bounds.items():
         # (10)
