@@ -288,9 +288,12 @@ def subnormals(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     """Half of all q, k, v, dout entries are subnormal in the dtype, the rest normal.
 
     Some V rows are entirely subnormal, so whole output rows are tiny.
-    Bug class: flushing subnormal inputs or results to zero (FTZ/DAZ), which
-    loses those rows and their gradients entirely, and scale factors computed
-    from a row's magnitude that divide by zero.
+    Bug class: flushing subnormal float16 inputs or results to zero (FTZ/DAZ),
+    which loses those rows and their gradients entirely, and scale factors
+    computed from a row's magnitude that divide by zero.  (Below float32's
+    smallest normal, 2^-126, the error model allows flushing, as GPU float32
+    arithmetic does: docs/error-model.md, "Underflow in the float32
+    accumulation".)
     """
     info = _finfo(spec)
     tiny = info.tiny
