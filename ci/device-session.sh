@@ -19,7 +19,6 @@ archive="${FA2_ARCHIVE:-$out.tgz}"
 steps="${FA2_STEPS:-run,properties,gate}"
 mkdir -p "$out/baselines"
 cache="$out/golden-cache"
-gpus="$(nvidia-smi -L | wc -l)"
 tag="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep -oiE '\b[a-z][0-9]{2,4}\b' | head -n 1 | tr '[:upper:]' '[:lower:]')"
 status=0
 fv=(python3 -m verify.cli)

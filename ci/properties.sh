@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Run the property suite against $FA2_KERNEL, one pytest-xdist worker per GPU
-# (worker gwI runs on cuda:I), writing Allure results and keeping the Hypothesis
-# example database in $FA2_OUT/examples (restore it there to replay old failures).
+# Run the property suite against $FA2_KERNEL, $FA2_WORKERS_PER_GPU pytest-xdist
+# workers per GPU (default 4; worker gwI runs on cuda:I mod GPUs: a worker spends
+# most of its time on the CPU, in the golden and in Triton's compiler), writing
+# Allure results and keeping the Hypothesis example database in $FA2_OUT/examples
+# (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
+# on an empty cache the triton suite spends minutes compiling.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/common.sh
 source ci/common.sh
 
 if [[ "$FA2_DEVICE" == cuda* ]]; then
-    workers="$(nvidia-smi -L | wc -l)"
+    workers=$(($(nvidia-smi -L | wc -l) * ${FA2_WORKERS_PER_GPU:-4}))
 else
     workers="${FA2_WORKERS:-2}"
 fi

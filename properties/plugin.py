@@ -7,8 +7,9 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 * Options live in one group, ``fa2-verify``; a bad value is a
   ``pytest.UsageError`` naming the flag.  They are checked (and the kernel
   loaded) at startup only when given, so other test suites pay nothing.
-* With pytest-xdist on CUDA, ``-n <number of GPUs>`` gives each worker its own
-  GPU: worker ``gwI`` runs on ``cuda:I`` (:func:`worker_device`).
+* With pytest-xdist on CUDA, worker ``gwI`` runs on ``cuda:(I mod GPUs)``
+  (:func:`worker_device`): ``-n <number of GPUs>`` gives each worker its own
+  GPU, and a multiple of it several workers per GPU.
 * Each xdist worker takes an equal share of the CPU threads
   (:func:`worker_threads`) unless ``OMP_NUM_THREADS`` is set.
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else

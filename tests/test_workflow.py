@@ -79,9 +79,10 @@ def test_every_called_script_exists_is_executable_and_strict(job):
         assert 'cd "$(dirname "$0")/.."' in text, f"{script} must run from any directory"
 
 
-def test_suite_uses_one_xdist_worker_per_gpu_and_keeps_the_example_database(job):
+def test_suite_uses_xdist_workers_on_every_gpu_and_keeps_the_example_database(job):
     properties = (CI / "properties.sh").read_text()
-    assert 'workers="$(nvidia-smi -L | wc -l)"' in properties and '-n "$workers"' in properties
+    assert 'workers=$(($(nvidia-smi -L | wc -l) * ${FA2_WORKERS_PER_GPU:-4}))' in properties
+    assert '-n "$workers"' in properties
     assert '--fa2-examples-dir "$FA2_OUT/examples"' in properties and "--alluredir" in properties
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact@")]
     kept = [step for step in uploads if step["with"]["path"] == "ci-out/${{ matrix.kernel }}/examples"]
@@ -145,3 +146,11 @@ def test_gate_script_by_hand_fails_closed_without_a_baseline(tmp_path):
     completed = _by_hand("gate.sh", tmp_path, FA2_BASELINE=str(tmp_path / "missing.json"))
     assert completed.returncode == 2
     assert "missing.json does not exist" in completed.stderr
+
+
+def test_triton_compile_cache_is_kept_between_runs(workflow, job):
+    path = "${{ github.workspace }}/.triton-cache"
+    assert job["env"]["TRITON_CACHE_DIR"] == path
+    for action in ("actions/cache/restore@", "actions/cache/save@"):
+        steps = [step for step in job["steps"] if step.get("uses", "").startswith(action)]
+        assert any(step["with"]["path"] == path for step in steps), action
