@@ -25,11 +25,17 @@ gpus="$(nvidia-smi -L | wc -l)"
 cap="${FA2_PROPERTIES_TIMEOUT:-1800}"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
+# From the source tree the plugin is named with -p; where fa2-verify is
+# installed its pytest11 entry point loads it, and naming it again is an error.
+plugin=(-p properties.plugin)
+if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "properties.plugin" for e in m.entry_points(group="pytest11")))'; then
+    plugin=()
+fi
 
 suite() {  # suite KERNEL GPU_LIST WORKERS_PER_GPU
     local kernel="$1" visible="$2" workers
     workers=$(($(tr ',' '\n' <<<"$visible" | wc -l) * $3))
-    CUDA_VISIBLE_DEVICES="$visible" timeout -s INT -k 30 "$cap" python3 -m pytest properties -p properties.plugin \
+    CUDA_VISIBLE_DEVICES="$visible" timeout -s INT -k 30 "$cap" python3 -m pytest properties "${plugin[@]}" \
         -n "$workers" -v -rfE --durations=0 --hypothesis-show-statistics -p no:cacheprovider \
         --kernel "$kernel" --device cuda --fa2-profile "${FA2_PROFILE:-ci}" \
         --fa2-examples-dir "$out/examples-$kernel" --junitxml "$out/properties-$kernel.xml" \
