@@ -50,6 +50,28 @@ def effective_window(causal: bool, window_size: tuple[int, int]) -> tuple[int, i
     return int(left), int(right)
 
 
+def visible_ranges(
+    seqlen_q: int,
+    seqlen_k: int,
+    *,
+    causal: bool = False,
+    window_size: tuple[int, int] = (UNBOUNDED, UNBOUNDED),
+    device: torch.device | str = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, last)``, int64 (seqlen_q,): query ``i`` sees keys ``first[i] <= j <= last[i]``.
+
+    Bottom-right alignment (flash-attn >= 2.1): with ``shift = seqlen_k - seqlen_q``
+    query ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``
+    and ``0 <= j < seqlen_k``, where ``-1`` means unbounded on that side.  A row
+    with ``first > last`` sees no key.
+    """
+    left, right = effective_window(causal, window_size)
+    diagonal = torch.arange(seqlen_q, device=device) + (seqlen_k - seqlen_q)
+    first = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(diagonal)
+    last = (diagonal + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(diagonal, seqlen_k - 1)
+    return first, last
+
+
 def visible_mask(
     seqlen_q: int,
     seqlen_k: int,
@@ -58,22 +80,10 @@ def visible_mask(
     window_size: tuple[int, int] = (UNBOUNDED, UNBOUNDED),
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """Bool (seqlen_q, seqlen_k): True where query ``i`` sees key ``j``.
-
-    Bottom-right alignment (flash-attn >= 2.1): with ``shift = seqlen_k - seqlen_q``
-    query ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``,
-    where ``-1`` means unbounded on that side.
-    """
-    left, right = effective_window(causal, window_size)
-    i = torch.arange(seqlen_q, device=device).unsqueeze(1)
-    j = torch.arange(seqlen_k, device=device).unsqueeze(0)
-    diagonal = i + (seqlen_k - seqlen_q)
-    visible = torch.ones(seqlen_q, seqlen_k, dtype=torch.bool, device=device)
-    if left >= 0:
-        visible &= j >= diagonal - left
-    if right >= 0:
-        visible &= j <= diagonal + right
-    return visible
+    """Bool (seqlen_q, seqlen_k): True where query ``i`` sees key ``j`` (:func:`visible_ranges`)."""
+    first, last = visible_ranges(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=device)
+    j = torch.arange(seqlen_k, device=device)
+    return (j >= first[:, None]) & (j <= last[:, None])
 
 
 @dataclasses.dataclass(frozen=True)

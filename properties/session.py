@@ -20,6 +20,7 @@ from properties.cases import Limits, case_specs
 from properties.profiles import Profile
 from properties.varlen import VarlenSpec, varlen_specs
 from verify.case import CaseSpec
+from verify.metrics import decode_float, encode_float
 from verify.registry import LoadedKernel
 from verify.results import CaseResult
 
@@ -34,19 +35,11 @@ class Worst:
     reproduction: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "score": _encode(self.score), "examples": self.examples, "reproduction": self.reproduction}
+        return {"label": self.label, "score": encode_float(self.score), "examples": self.examples, "reproduction": self.reproduction}
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "Worst":
-        return cls(record["label"], _decode(record["score"]), int(record["examples"]), record["reproduction"])
-
-
-def _encode(value: float) -> float | str:
-    return value if math.isfinite(value) else repr(value)
-
-
-def _decode(value: float | str) -> float:
-    return float(value)
+        return cls(record["label"], decode_float(record["score"]), int(record["examples"]), record["reproduction"])
 
 
 @dataclasses.dataclass(repr=False)

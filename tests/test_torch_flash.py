@@ -5,12 +5,14 @@ plumbing (checked on the meta device here; on a GPU by the ``gpu`` tests)."""
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 import torch
 
 from kernels import torch_flash
+from kernels.contract import visible_mask
 from kernels.torch_flash import KERNEL
 from tests.naive import assert_matches, attention, check_against_attention, make_inputs
 from tests.test_reference import DTYPES, MASKS, SHAPES
@@ -109,6 +111,17 @@ def test_cuda_windows_the_op_cannot_apply_are_unsupported(seqlen_q, seqlen_k, wi
     assert (reason is not None) == differs
     if differs:
         assert f"applies window {applied}" in reason
+
+
+def test_cuda_window_check_agrees_with_comparing_the_masks() -> None:
+    """Every window of every small shape: unsupported exactly when the applied mask differs."""
+    for seqlen_q, seqlen_k in itertools.product(range(7), range(1, 7)):
+        for window in itertools.product(range(-1, 8), repeat=2):
+            applied = torch_flash.cuda_op_window(seqlen_q, seqlen_k, window)
+            differs = not torch.equal(
+                visible_mask(seqlen_q, seqlen_k, window_size=window), visible_mask(seqlen_q, seqlen_k, window_size=applied)
+            )
+            assert (torch_flash.cuda_window_unsupported_reason(seqlen_q, seqlen_k, window) is not None) == differs
 
 
 def test_deterministic_mode_is_restored() -> None:
