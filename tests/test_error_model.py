@@ -190,3 +190,18 @@ def test_flushing_float32_results_below_the_smallest_normal_passes(dtype):
         flushed = expected.masked_fill(tiny, 0.0).to(spec.torch_dtype)
         assert compare(name, flushed, expected, bounds[name], threshold=1.0).passed, name
     assert flushed_any, "the case has no output below 2^-126: the test checks nothing"
+
+
+def test_flushing_float16_subnormal_inputs_fails():
+    """Float16 subnormals are normal float32 numbers, so eta_a does not excuse a kernel that
+    reads them as zero (DAZ): its gradients fail."""
+    spec = CaseSpec(batch=1, seqlen_q=3, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=16, dtype="float16",
+                    generator="subnormals", seed=0)  # fmt: skip
+    case = make_case(spec, "cpu")
+    result = _golden(case)
+    bounds = first_order_bounds(case, result)
+    tiny = torch.finfo(torch.float16).smallest_normal
+    q, k, v, dout = (t.masked_fill(t.abs() < tiny, 0.0) for t in (case.q, case.k, case.v, case.dout))
+    gradients = naive.attention_grads(dout, q, k, v, softmax_scale=spec.scale)
+    for name, actual in zip(("dq", "dk", "dv"), gradients):
+        assert not compare(name, actual.to(torch.float16), getattr(result, name), bounds[name], threshold=1.0).passed, name
