@@ -142,6 +142,33 @@ def _sequence(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
 
 
 @triton.jit
+def _query_tile_start(seqlen_q, BLOCK_M: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+    """First row of this program's query tile (program axis 0), or -1 past the sequence's last tile.
+
+    With LONGEST_FIRST (a right bound, as in causal masks) the tiles run in reverse,
+    so the programs with the most visible keys start first and the tail is short.
+    """
+    pid_m = tl.program_id(0)
+    num_tiles = tl.cdiv(seqlen_q, BLOCK_M)
+    tile = pid_m
+    if LONGEST_FIRST:
+        tile = num_tiles - 1 - pid_m
+    return tl.where(pid_m < num_tiles, tile * BLOCK_M, -1)
+
+
+@triton.jit
+def _head_base(X, b, start, h, stride_b, stride_row, stride_h):
+    """Pointer to row ``start`` of head ``h`` of batch ``b`` in a (batch, rows, heads, head_dim) tensor (int64 offsets)."""
+    return X + b.to(tl.int64) * stride_b + start.to(tl.int64) * stride_row + h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def _row_stats_base(X, b, start, h, stride_b, stride_h):
+    """Pointer to row ``start`` of head ``h`` of batch ``b`` in a (batch, heads, rows) fp32 row statistic (LSE, delta)."""
+    return X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + start
+
+
+@triton.jit
 def _load_tile(base, rows, stride_row, offs_d, extent,
                HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
     """A (rows, BLOCK_D) tile; rows >= extent and columns >= HEAD_DIM read as 0."""
@@ -238,27 +265,23 @@ def forward_kernel(
     USE_TMA: tl.constexpr,
 ):
     """out, lse for one (query tile, head, batch); grid (tiles, heads_q, batch)."""
-    pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     h_kv = h // group
     q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
     k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
-    num_tiles = tl.cdiv(sq, BLOCK_M)
-    if pid_m >= num_tiles:
+    m0 = _query_tile_start(sq, BLOCK_M, HAS_RIGHT)
+    if m0 < 0:
         return
-    if HAS_RIGHT:
-        pid_m = num_tiles - 1 - pid_m  # the longest rows of a causal mask start first
-    m0 = pid_m * BLOCK_M
     shift = sk - sq
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     rows = m0 + offs_m
-    q_base = Q + b.to(tl.int64) * stride_qb + q_start.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
-    k_base = K + b.to(tl.int64) * stride_kb + k_start.to(tl.int64) * stride_ks + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vs + h_kv.to(tl.int64) * stride_vh
+    q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
 
     # Stage 0: the key tiles these rows see, split into masked / whole / masked.
     row_last = tl.minimum(m0 + BLOCK_M, sq) - 1
@@ -288,14 +311,14 @@ def forward_kernel(
     inv_l = tl.where(seen, 1.0 / l_safe, 0.0)
     out = acc * inv_l[:, None]
     lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, POS_INF)
-    o_base = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
+    o_base = _head_base(Out, b, q_start, h, stride_ob, stride_os, stride_oh)
     if USE_TMA:
         o_src = _source(o_base, sq, stride_os, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
         o_src.store([m0, 0], out.to(Out.dtype.element_ty))
     else:
         o_ptrs = o_base + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
-    l_ptrs = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
+    l_ptrs = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh) + rows
     tl.store(l_ptrs, lse, mask=rows < sq)
 
 
@@ -320,12 +343,12 @@ def backward_preprocess_kernel(
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    o_base = Out + b.to(tl.int64) * stride_ob + q_start.to(tl.int64) * stride_os + h.to(tl.int64) * stride_oh
-    do_base = DO + b.to(tl.int64) * stride_db + q_start.to(tl.int64) * stride_ds + h.to(tl.int64) * stride_dh
+    o_base = _head_base(Out, b, q_start, h, stride_ob, stride_os, stride_oh)
+    do_base = _head_base(DO, b, q_start, h, stride_db, stride_ds, stride_dh)
     out = _load_tile(o_base, rows, stride_os, offs_d, sq, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     dout = _load_tile(do_base, rows, stride_ds, offs_d, sq, HEAD_DIM, BLOCK_D, True).to(tl.float32)
     delta = tl.sum(out * dout, 1)
-    tl.store(Delta + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows, delta, mask=rows < sq)
+    tl.store(_row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh) + rows, delta, mask=rows < sq)
 
 
 @triton.jit
@@ -411,8 +434,8 @@ def backward_kv_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     cols = n0 + offs_n
-    k_base = K + b.to(tl.int64) * stride_kb + k_start.to(tl.int64) * stride_ks + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vs + h_kv.to(tl.int64) * stride_vh
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
     k = _load_tile(k_base, cols, stride_ks, offs_d, sk, HEAD_DIM, BLOCK_D, True)
     v = _load_tile(v_base, cols, stride_vs, offs_d, sk, HEAD_DIM, BLOCK_D, True)
 
@@ -428,11 +451,11 @@ def backward_kv_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     for g in range(group):
         h = h_kv * group + g
-        q_base = Q + b.to(tl.int64) * stride_qb + q_start.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
-        do_base = DO + b.to(tl.int64) * stride_dob + q_start.to(tl.int64) * stride_dos + h.to(tl.int64) * stride_doh
-        dq_base = DQacc + b.to(tl.int64) * stride_dqb + q_start.to(tl.int64) * stride_dqs + h.to(tl.int64) * stride_dqh
-        lse_base = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
-        delta_base = Delta + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start
+        q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+        do_base = _head_base(DO, b, q_start, h, stride_dob, stride_dos, stride_doh)
+        dq_base = _head_base(DQacc, b, q_start, h, stride_dqb, stride_dqs, stride_dqh)
+        lse_base = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh)
+        delta_base = _row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh)
         q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
         do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
         dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
@@ -453,11 +476,11 @@ def backward_kv_kernel(
 
     # Stage 5: write dk (scaled) and dv.
     store_mask = (cols[:, None] < sk) & (offs_d[None, :] < HEAD_DIM)
-    dk_ptrs = (DK + b.to(tl.int64) * stride_dkb + (k_start + cols)[:, None].to(tl.int64) * stride_dks
-               + h_kv.to(tl.int64) * stride_dkh + offs_d[None, :])
+    dk_ptrs = (_head_base(DK, b, k_start, h_kv, stride_dkb, stride_dks, stride_dkh)
+               + cols[:, None].to(tl.int64) * stride_dks + offs_d[None, :])
     tl.store(dk_ptrs, (dk * softmax_scale).to(DK.dtype.element_ty), mask=store_mask)
-    dv_ptrs = (DV + b.to(tl.int64) * stride_dvb + (k_start + cols)[:, None].to(tl.int64) * stride_dvs
-               + h_kv.to(tl.int64) * stride_dvh + offs_d[None, :])
+    dv_ptrs = (_head_base(DV, b, k_start, h_kv, stride_dvb, stride_dvs, stride_dvh)
+               + cols[:, None].to(tl.int64) * stride_dvs + offs_d[None, :])
     tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
 
 
@@ -503,30 +526,26 @@ def backward_dq_kernel(
     USE_TMA: tl.constexpr,
 ):
     """dq for one (query tile, head, batch), no atomics; grid (tiles, heads_q, batch)."""
-    pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
     h_kv = h // group
     q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
     k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
-    num_tiles = tl.cdiv(sq, BLOCK_M)
-    if pid_m >= num_tiles:
+    m0 = _query_tile_start(sq, BLOCK_M, HAS_RIGHT)
+    if m0 < 0:
         return
-    if HAS_RIGHT:
-        pid_m = num_tiles - 1 - pid_m
-    m0 = pid_m * BLOCK_M
     shift = sk - sq
 
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     rows = m0 + offs_m
-    q_base = Q + b.to(tl.int64) * stride_qb + q_start.to(tl.int64) * stride_qs + h.to(tl.int64) * stride_qh
-    do_base = DO + b.to(tl.int64) * stride_dob + q_start.to(tl.int64) * stride_dos + h.to(tl.int64) * stride_doh
-    k_base = K + b.to(tl.int64) * stride_kb + k_start.to(tl.int64) * stride_ks + h_kv.to(tl.int64) * stride_kh
-    v_base = V + b.to(tl.int64) * stride_vb + k_start.to(tl.int64) * stride_vs + h_kv.to(tl.int64) * stride_vh
-    lse_row = Lse + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
-    delta_row = Delta + b.to(tl.int64) * stride_lb + h.to(tl.int64) * stride_lh + q_start + rows
+    q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+    do_base = _head_base(DO, b, q_start, h, stride_dob, stride_dos, stride_doh)
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
+    lse_row = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh) + rows
+    delta_row = _row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh) + rows
 
     q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
     do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
@@ -551,7 +570,7 @@ def backward_dq_kernel(
                             mid_hi, hi, sq, sk, shift, left, right, qk_scale,
                             HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
 
-    dq_ptrs = (DQ + b.to(tl.int64) * stride_dqb + (q_start + rows)[:, None].to(tl.int64) * stride_dqs
-               + h.to(tl.int64) * stride_dqh + offs_d[None, :])
+    dq_ptrs = (_head_base(DQ, b, q_start, h, stride_dqb, stride_dqs, stride_dqh)
+               + rows[:, None].to(tl.int64) * stride_dqs + offs_d[None, :])
     tl.store(dq_ptrs, (dq * softmax_scale).to(DQ.dtype.element_ty),
              mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
