@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# The property suite (profile $FA2_PROFILE, default ci) against triton and
-# torch-flash on the GPUs of this host, from the source tree (no install step).
+# The property suite (profile $FA2_PROFILE, default ci; $FA2_TRITON_PROFILE and
+# $FA2_FLASH_PROFILE pick one per kernel) against triton and torch-flash on the
+# GPUs of this host, from the source tree (no install step).  $FA2_PYTEST_ARGS
+# is passed on to both pytest runs (e.g. --hypothesis-seed=2 with a random
+# profile).
 # With two GPUs or more the two kernels run at the same time: torch-flash on the
 # last GPU, triton on the others; with one GPU they run one after the other.
 # Several pytest-xdist workers share each GPU ($FA2_TRITON_WORKERS per GPU for
@@ -32,29 +35,33 @@ if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == 
     plugin=()
 fi
 
-suite() {  # suite KERNEL GPU_LIST WORKERS_PER_GPU
-    local kernel="$1" visible="$2" workers
+read -ra extra <<<"${FA2_PYTEST_ARGS:-}"
+
+suite() {  # suite KERNEL GPU_LIST WORKERS_PER_GPU PROFILE
+    local kernel="$1" visible="$2" profile="$4" workers
     workers=$(($(tr ',' '\n' <<<"$visible" | wc -l) * $3))
     CUDA_VISIBLE_DEVICES="$visible" timeout -s INT -k 30 "$cap" python3 -m pytest properties "${plugin[@]}" \
         -n "$workers" -v -rfE --durations=0 --hypothesis-show-statistics -p no:cacheprovider \
-        --kernel "$kernel" --device cuda --fa2-profile "${FA2_PROFILE:-ci}" \
+        --kernel "$kernel" --device cuda --fa2-profile "$profile" "${extra[@]}" \
         --fa2-examples-dir "$out/examples-$kernel" --junitxml "$out/properties-$kernel.xml" \
         >"$out/properties-$kernel.log" 2>&1
     local got=$?
-    echo "== properties-$kernel on GPUs $visible: exit $got"
+    echo "== properties-$kernel ($profile profile) on GPUs $visible: exit $got"
     return "$got"
 }
 
 all="$(seq -s, 0 $((gpus - 1)))"
 triton_workers="${FA2_TRITON_WORKERS:-7}"
 flash_workers="${FA2_FLASH_WORKERS:-4}"
+triton_profile="${FA2_TRITON_PROFILE:-${FA2_PROFILE:-ci}}"
+flash_profile="${FA2_FLASH_PROFILE:-${FA2_PROFILE:-ci}}"
 if ((gpus >= 2)); then
-    suite torch-flash "$((gpus - 1))" "$flash_workers" & flash=$!
-    suite triton "$(seq -s, 0 $((gpus - 2)))" "$triton_workers"; triton_status=$?
+    suite torch-flash "$((gpus - 1))" "$flash_workers" "$flash_profile" & flash=$!
+    suite triton "$(seq -s, 0 $((gpus - 2)))" "$triton_workers" "$triton_profile"; triton_status=$?
     wait "$flash"; flash_status=$?
 else
-    suite triton "$all" "$triton_workers"; triton_status=$?
-    suite torch-flash "$all" "$flash_workers"; flash_status=$?
+    suite triton "$all" "$triton_workers" "$triton_profile"; triton_status=$?
+    suite torch-flash "$all" "$flash_workers" "$flash_profile"; flash_status=$?
 fi
 for kernel in triton torch-flash; do
     echo "---- properties-$kernel (summary)"

@@ -9,8 +9,14 @@ well-conditioned quantity:
    (its leading product is exact); ``|scale|`` is applied only
    after the row maximum ``m'_i`` (at the pivot key ``p(i)``) is subtracted,
    ``x_ij = |scale| (S'_ij - m'_i)``, so a large logit costs no accuracy.
+   ``S'`` is renormalised (``hi = fl(S')``) before the maximum is taken,
+   so the pivot's ``x`` is a rounding error of ``S'`` and no more.
 2. ``E = exp(x)`` (masked entries 0), ``l_i = sum_j E_ij``, ``P = E / l``,
-   ``LSE_i = |scale| m'_i + log l_i`` kept as a double-double.
+   ``LSE_i = |scale| m'_i + log l_i`` kept as a double-double, with
+   ``log l_i = log1p(expm1(x_{i,p(i)}) + sum_{j != p(i)} E_ij)``: when one
+   key dominates a row whose scores are all tiny, ``LSE_i`` is as tiny as
+   they are and ``log`` of a rounded ``l_i ~ 1`` would keep only its
+   absolute ``2**-53``, not its relative accuracy.
 3. ``O = P V`` by :func:`dd_matmul`.
 4. ``dP = dO V^T`` by :func:`dd_matmul`.  With ``r_i = dP_{i,p(i)}`` and
    ``sum_j P_ij = 1``,
@@ -135,20 +141,24 @@ class _Backward:
 def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> _Forward:
     """Steps 1-3 for one block: ``q`` (rows, head_dim), ``k``/``v`` (seqlen_k, head_dim)."""
     magnitude = abs(scale)
-    s_hi, s_lo = dd_matmul(q, (k if scale >= 0 else -k).T)
+    s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).T))
     full = bool(mask.all())
     empty = ~mask.any(axis=1)
+    rows = np.arange(len(q))
     masked = s_hi if full else np.where(mask, s_hi, -np.inf)
     pivot = np.argmax(masked, axis=1)
-    row_max = np.where(empty, 0.0, masked[np.arange(len(masked)), pivot])
+    row_max = np.where(empty, 0.0, masked[rows, pivot])
     logits = magnitude * ((s_hi - row_max[:, None]) + s_lo)
     if not full:
         logits[~mask] = -np.inf
     e = np.exp(logits)
-    ell = e.sum(axis=1)
-    p = e / np.where(empty, 1.0, ell)[:, None]
+    at_pivot = np.where(empty, 0.0, logits[rows, pivot])
+    e[rows, pivot] = 0.0
+    excess = e.sum(axis=1) + np.expm1(at_pivot)
+    e[rows, pivot] = np.where(empty, 0.0, np.exp(at_pivot))
+    p = e / (1.0 + excess)[:, None]
     max_hi, max_lo = two_prod(row_max, magnitude)
-    lse_hi, sum_lo = two_sum(max_hi, np.log(np.where(empty, 1.0, ell)))
+    lse_hi, sum_lo = two_sum(max_hi, np.log1p(excess))
     out_hi, out_lo = dd_matmul(p, v)
     return _Forward(
         out_hi + out_lo,
