@@ -6,6 +6,7 @@
 # profile).
 # With two GPUs or more the two kernels run at the same time: torch-flash on the
 # last GPU, triton on the others; with one GPU they run one after the other.
+# FA2_KERNELS=triton or FA2_KERNELS=torch-flash runs one kernel on every GPU.
 # Several pytest-xdist workers share each GPU ($FA2_TRITON_WORKERS per GPU for
 # triton, default 7, and $FA2_FLASH_WORKERS for torch-flash, default 4): a
 # worker is mostly on the CPU (the golden, and Triton compiling a kernel for each
@@ -55,15 +56,23 @@ triton_workers="${FA2_TRITON_WORKERS:-7}"
 flash_workers="${FA2_FLASH_WORKERS:-4}"
 triton_profile="${FA2_TRITON_PROFILE:-${FA2_PROFILE:-ci}}"
 flash_profile="${FA2_FLASH_PROFILE:-${FA2_PROFILE:-ci}}"
-if ((gpus >= 2)); then
-    suite torch-flash "$((gpus - 1))" "$flash_workers" "$flash_profile" & flash=$!
-    suite triton "$(seq -s, 0 $((gpus - 2)))" "$triton_workers" "$triton_profile"; triton_status=$?
-    wait "$flash"; flash_status=$?
-else
-    suite triton "$all" "$triton_workers" "$triton_profile"; triton_status=$?
-    suite torch-flash "$all" "$flash_workers" "$flash_profile"; flash_status=$?
-fi
-for kernel in triton torch-flash; do
+triton_status=0 flash_status=0
+case "${FA2_KERNELS:-triton,torch-flash}" in
+triton,torch-flash | torch-flash,triton)
+    kernels=(triton torch-flash)
+    if ((gpus >= 2)); then
+        suite torch-flash "$((gpus - 1))" "$flash_workers" "$flash_profile" & flash=$!
+        suite triton "$(seq -s, 0 $((gpus - 2)))" "$triton_workers" "$triton_profile"; triton_status=$?
+        wait "$flash"; flash_status=$?
+    else
+        suite triton "$all" "$triton_workers" "$triton_profile"; triton_status=$?
+        suite torch-flash "$all" "$flash_workers" "$flash_profile"; flash_status=$?
+    fi ;;
+triton) kernels=(triton); suite triton "$all" "$triton_workers" "$triton_profile"; triton_status=$? ;;
+torch-flash) kernels=(torch-flash); suite torch-flash "$all" "$flash_workers" "$flash_profile"; flash_status=$? ;;
+*) echo "FA2_KERNELS=$FA2_KERNELS: name triton, torch-flash or both (comma-separated)" >&2; exit 2 ;;
+esac
+for kernel in "${kernels[@]}"; do
     echo "---- properties-$kernel (summary)"
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked' "$out/properties-$kernel.log" | tail -n 30
 done
