@@ -16,8 +16,9 @@ import pathlib
 
 from golden.options import CACHE_ENV, GoldenOptions
 from verify import baseline as baselines
+from verify.commands.corpus import add_corpus_option
 from verify.commands.run import add_target_arguments, resolve_target
-from verify.corpus import DEFAULT_PATH, load_corpus
+from verify.corpus import load_corpus
 from verify.errors import ReportError, UsageError
 
 #: Golden cache of the corpus when neither --golden-cache nor $FA2_VERIFY_GOLDEN_CACHE is given.
@@ -43,13 +44,7 @@ def add_parser(subparsers) -> None:
 
 def add_corpus_arguments(parser) -> None:
     """``--corpus`` and ``--golden-cache``, shared with ``fa2-verify gate``."""
-    parser.add_argument(
-        "--corpus",
-        type=pathlib.Path,
-        default=DEFAULT_PATH,
-        metavar="FILE",
-        help="gate corpus (default: the bundled golden/corpus/gate.json)",
-    )
+    add_corpus_option(parser)
     parser.add_argument(
         "--golden-cache",
         type=pathlib.Path,

@@ -24,15 +24,20 @@ def add_parser(subparsers) -> None:
     add.add_argument("--case", required=True, metavar="JSON", help="case spec JSON; a missing name is derived from it")
     add.add_argument("--name", help="name for the new case (default: the spec's name, else cex-<hash>)")
     for sub in (listing, add):
-        sub.add_argument(
-            "--corpus",
-            type=pathlib.Path,
-            default=DEFAULT_PATH,
-            metavar="FILE",
-            help="corpus file (default: the bundled golden/corpus/gate.json)",
-        )
+        add_corpus_option(sub)
     listing.set_defaults(handler=handle_list)
     add.set_defaults(handler=handle_add)
+
+
+def add_corpus_option(parser) -> None:
+    """``--corpus FILE``, for every command that reads the gate corpus (also baseline and gate)."""
+    parser.add_argument(
+        "--corpus",
+        type=pathlib.Path,
+        default=DEFAULT_PATH,
+        metavar="FILE",
+        help="gate corpus (default: the bundled golden/corpus/gate.json)",
+    )
 
 
 def handle_list(args) -> int:
