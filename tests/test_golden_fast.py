@@ -12,6 +12,7 @@ import torch
 import golden
 from golden import certify, eft, fast, inputs, mp, rows
 from golden.certify import LIMIT
+from verify.case import CaseSpec, make_case
 from verify.errors import GoldenError
 
 MPMATH = golden.GoldenOptions(method="mpmath")
@@ -302,8 +303,6 @@ def test_lse_of_a_row_with_one_tiny_score_keeps_its_relative_accuracy():
     rounding near 1 is absolute, which left an LSE of 2.6e-8 with a relative
     error of 1e-9 and failed certification.
     """
-    from verify.case import CaseSpec, make_case
-
     spec = CaseSpec(batch=3, seqlen_q=47, seqlen_k=47, heads_q=12, heads_kv=3, head_dim=56, dtype="float16",
                     causal=True, window_size=(0, -1), generator="normal-x2^-8", seed=14, backward=False)
     case = make_case(spec)
