@@ -22,9 +22,7 @@ import time
 import numpy as np
 import torch
 
-import golden
-
-
+from fa2_verify import golden
 def _inputs(seqlen: int, head_dim: int, dtype: torch.dtype, seed: int):
     generator = torch.Generator().manual_seed(seed)
     return [torch.randn(1, seqlen, 1, head_dim, generator=generator, dtype=torch.float64).to(dtype) for _ in range(4)]

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from benchmarks.naive_attention import naive_attention
-from kernels.triton_fa2.configs import TileConfig, bucket
+from fa2_verify.kernels.triton_fa2.configs import TileConfig, bucket
 
 #: Tokens per batch (batch * seqlen) and model width (heads * head_dim) of the benchmark rows.
 TOKENS = 16384
@@ -149,7 +149,7 @@ def _tensors(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype, *, s
 
 
 def _kernel():
-    from kernels.triton_fa2 import KERNEL
+    from fa2_verify.kernels.triton_fa2 import KERNEL
 
     return KERNEL
 
@@ -384,7 +384,7 @@ def _row_inputs(row: BenchRow):
 
 
 def _ours(row: BenchRow, q, k, v, dout, tiles=None):
-    from kernels.triton_fa2 import launch
+    from fa2_verify.kernels.triton_fa2 import launch
 
     scale = 1.0 / math.sqrt(row.head_dim)
     if row.mode == "fwd":
@@ -420,7 +420,7 @@ def _sdpa(row: BenchRow, q, k, v, dout):
 
 def _check_row(row: BenchRow, q, k, v, dout) -> dict:
     """The row's own outputs (poisoned first) against float64 on heads 0 and h-1 of the first and last batch."""
-    from kernels.triton_fa2 import launch
+    from fa2_verify.kernels.triton_fa2 import launch
 
     scale = 1.0 / math.sqrt(row.head_dim)
     with poisoned_allocations():
@@ -496,7 +496,7 @@ SWEEP_POINTS: tuple[SweepPoint, ...] = tuple(
 
 def sweep_point(point: SweepPoint, *, warm_only: bool = False) -> dict:
     """Time one pass with one tile config; the backward passes alone (forward done once outside)."""
-    from kernels.triton_fa2 import launch
+    from fa2_verify.kernels.triton_fa2 import launch
 
     row = BenchRow("fwd", point.causal, point.head_dim, point.seqlen, point.dtype)
     q, k, v, dout = _row_inputs(row)
@@ -654,7 +654,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from verify.errors import UsageError
+    from fa2_verify.core.errors import UsageError
 
     sections = tuple(s for s in args.sections.split(",") if s)
     unknown = sorted(set(sections) - set(SECTIONS))
@@ -723,7 +723,7 @@ def run(args: argparse.Namespace) -> int:
         _write(args.out, "bench.md", table)
         print(table, flush=True)
 
-    from kernels.triton_fa2 import KERNEL
+    from fa2_verify.kernels.triton_fa2 import KERNEL
 
     report["config"] = KERNEL.config()
     _write(args.out, "report.json", json.dumps(report, indent=1, default=str))

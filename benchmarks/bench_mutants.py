@@ -21,12 +21,12 @@ import sys
 import tempfile
 import time
 
-from golden.options import GoldenOptions
-from properties import harness, profiles
-from properties.session import Suite
-from verify.case import CaseSpec, make_case
-from verify.check import check_case
-from verify.registry import LoadedKernel, load_kernel
+from fa2_verify.golden.options import GoldenOptions
+from fa2_verify.properties import harness, profiles
+from fa2_verify.properties.session import Suite
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """Naive float64 attention, forward and backward, one (batch, head) at a time.
 
 The textbook formulas (Dao 2023, Section 2.2 and Algorithm 2's definitions):
-``S = scale * q k^T`` masked to -inf outside :func:`kernels.contract.visible_mask`,
+``S = scale * q k^T`` masked to -inf outside :func:`core.contract.visible_mask`,
 ``lse = logsumexp_j S``, ``P = exp(S - lse)`` (0 for a row that sees no key),
 ``out = P v``; ``delta = rowsum(dout * out)``, ``dP = dout v^T``,
 ``dS = P * (dP - delta)``, ``dq = scale * dS k``, ``dk = scale * dS^T q``,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.contract import visible_mask
+from fa2_verify.core.contract import visible_mask
 
 
 def naive_attention(q, k, v, dout=None, *, softmax_scale, causal=False, window_size=(-1, -1), heads=None):

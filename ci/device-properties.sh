@@ -31,8 +31,8 @@ cap="${FA2_PROPERTIES_TIMEOUT:-1800}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
 # From the source tree the plugin is named with -p; where fa2-verify is
 # installed its pytest11 entry point loads it, and naming it again is an error.
-plugin=(-p properties.plugin)
-if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "properties.plugin" for e in m.entry_points(group="pytest11")))'; then
+plugin=(-p fa2_verify.properties.plugin)
+if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
     plugin=()
 fi
 
@@ -41,9 +41,9 @@ read -ra extra <<<"${FA2_PYTEST_ARGS:-}"
 suite() {  # suite KERNEL GPU_LIST WORKERS_PER_GPU PROFILE
     local kernel="$1" visible="$2" profile="$4" workers
     workers=$(($(tr ',' '\n' <<<"$visible" | wc -l) * $3))
-    CUDA_VISIBLE_DEVICES="$visible" timeout -s INT -k 30 "$cap" python3 -m pytest properties "${plugin[@]}" \
+    CUDA_VISIBLE_DEVICES="$visible" timeout -s INT -k 30 "$cap" python3 -m pytest --pyargs fa2_verify.properties "${plugin[@]}" \
         -n "$workers" -v -rfE --durations=0 --hypothesis-show-statistics -p no:cacheprovider \
-        --kernel "$kernel" --device cuda --fa2-profile "$profile" "${extra[@]}" \
+        --fa2-kernel "$kernel" --fa2-device cuda --fa2-profile "$profile" "${extra[@]}" \
         --fa2-examples-dir "$out/examples-$kernel" --junitxml "$out/properties-$kernel.xml" \
         >"$out/properties-$kernel.log" 2>&1
     local got=$?

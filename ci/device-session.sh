@@ -21,7 +21,7 @@ mkdir -p "$out/baselines"
 cache="$out/golden-cache"
 tag="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1 | grep -oiE '\b[a-z][0-9]{2,4}\b' | head -n 1 | tr '[:upper:]' '[:lower:]')"
 status=0
-fv=(python3 -m verify.cli)
+fv=(python3 -m fa2_verify)
 expect() {  # expect CODE DESCRIPTION COMMAND...
     local want="$1" what="$2"; shift 2
     "$@" >"$out/$what.log" 2>&1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Gate $FA2_KERNEL against its committed baseline on the gate corpus.
-#   FA2_BASELINE  baseline file (default: golden/baselines/$FA2_KERNEL-<gpu>.json,
+#   FA2_BASELINE  baseline file (default: fa2_verify/golden/baselines/$FA2_KERNEL-<gpu>.json,
 #                 e.g. triton-h100.json, or $FA2_KERNEL-cpu.json on the CPU)
 # Exit status: 0 no regression, 1 a regression, 2 a missing or mismatched baseline.
 set -euo pipefail
@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 source ci/common.sh
 
 if [[ "$FA2_DEVICE" == cuda* ]]; then tag="$(gpu_tag)"; else tag=cpu; fi
-baseline="${FA2_BASELINE:-golden/baselines/$FA2_KERNEL-$tag.json}"
+baseline="${FA2_BASELINE:-fa2_verify/golden/baselines/$FA2_KERNEL-$tag.json}"
 "$FA2_VERIFY" gate --kernel "$FA2_KERNEL" --device "$FA2_DEVICE" --baseline "$baseline" \
     --out "$FA2_OUT/gate-run.json" --markdown "$FA2_OUT/gate.md" --overwrite "$@"

@@ -16,8 +16,8 @@ else
     workers="${FA2_WORKERS:-2}"
 fi
 rm -rf "$FA2_OUT/allure-results"
-"$PYTHON" -m pytest properties -n "$workers" \
-    --kernel "$FA2_KERNEL" --device "$FA2_DEVICE" --fa2-profile "$FA2_PROFILE" \
+"$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" \
+    --fa2-kernel "$FA2_KERNEL" --fa2-device "$FA2_DEVICE" --fa2-profile "$FA2_PROFILE" \
     --fa2-examples-dir "$FA2_OUT/examples" \
     --alluredir "$FA2_OUT/allure-results" \
     --junitxml "$FA2_OUT/properties.xml" "$@"

@@ -17,8 +17,8 @@ import os
 
 import torch
 
-from kernels.contract import visible_mask
-from verify.registry import load_kernel
+from fa2_verify.core.contract import visible_mask
+from fa2_verify.verify.registry import load_kernel
 
 
 class DoubledOutError:

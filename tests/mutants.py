@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from kernels.contract import UNBOUNDED, effective_window, visible_mask
-from kernels.reference import DEFERRED, NEG_INF, Tiles, TiledAttention
+from fa2_verify.core.contract import UNBOUNDED, effective_window, visible_mask
+from fa2_verify.kernels.reference import DEFERRED, NEG_INF, Tiles, TiledAttention
 
 
 class Mutant(TiledAttention):

@@ -2,7 +2,7 @@
 tests compare bundled kernels with (the verification itself uses :mod:`golden`).
 
 ``out = softmax(scale · q k^T + mask) v`` and ``lse = logsumexp(scale · q k^T + mask)``
-in contract layout, bottom-right masks (:func:`kernels.contract.visible_mask`),
+in contract layout, bottom-right masks (:func:`core.contract.visible_mask`),
 query head ``h`` reading kv head ``h // (heads_q // heads_kv)``.  A row that
 sees no key gives ``out = 0`` and ``lse = -inf``, and its gradients are 0 (the
 logsumexp of such a row is taken over zeros, so no NaN enters autograd).
@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from kernels.contract import UNBOUNDED, visible_mask
+from fa2_verify.core.contract import UNBOUNDED, visible_mask
 
 
 def attention(q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):

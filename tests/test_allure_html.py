@@ -18,8 +18,8 @@ import subprocess
 import pytest
 
 from tests.test_report_allure import ROOT, run_inner_suite
-from verify import cli
-from verify.allure_report import CHECKOUT_ALLURE
+from fa2_verify.cli import main as cli
+from fa2_verify.verify.allure_report import CHECKOUT_ALLURE
 
 CHECK_SCRIPT = ROOT / "ci" / "allure-check.mjs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from tests.test_gate import COMMITTED, cases, summarize
-from verify import baseline as baselines
-from verify import cli, gate
-from verify.corpus import load_corpus
-from verify.errors import BaselineError
+from fa2_verify.verify import baseline as baselines
+from fa2_verify.cli import main as cli
+from fa2_verify.verify import gate
+from fa2_verify.verify.corpus import load_corpus
+from fa2_verify.core.errors import BaselineError
 
 
 def test_round_trip_keeps_every_field(tmp_path):

@@ -1,4 +1,4 @@
-"""verify.check on small cases: statuses, contract checks, poisoning, and the error model on the reference.
+"""fa2_verify.verify.check on small cases: statuses, contract checks, poisoning, and the error model on the reference.
 
 The broken kernels here wrap the bundled ``reference`` kernel with one defect each.
 """
@@ -12,16 +12,16 @@ import math
 import pytest
 import torch
 
-import golden
-from kernels.contract import Capabilities
-from verify import error_model
-from verify.atomic import write_text_atomic
-from verify.case import CaseSpec, make_case
-from verify.check import check_case, run_cases
-from verify.errors import GoldenError, ReportError, UnsupportedCase
-from verify.poison import poisoned
-from verify.registry import LoadedKernel, load_kernel
-from verify.results import CaseResult
+from fa2_verify import golden
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.verify import error_model
+from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.check import check_case, run_cases
+from fa2_verify.core.errors import GoldenError, ReportError, UnsupportedCase
+from fa2_verify.verify.poison import poisoned
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
+from fa2_verify.verify.results import CaseResult
 
 SPEC = CaseSpec(
     batch=1, seqlen_q=5, seqlen_k=9, heads_q=4, heads_kv=2, head_dim=32, dtype="float16", causal=True, seed=3

@@ -16,11 +16,11 @@ import sys
 import pytest
 import torch
 
-from kernels.contract import Capabilities
-from verify.cli import main
-from verify.fixed_cases import FIXED_CASES
-from verify.registry import load_kernel
-from verify.report_json import SCHEMA_VERSION, load_tolerance_report
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.cli.main import main
+from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.registry import load_kernel
+from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_repro_rejects_a_bad_case_in_one_line(case, message):
 def test_console_entry_point_exit_code():
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
-        [sys.executable, "-m", "verify.cli", "run", "--kernel", "no-such-kernel"],
+        [sys.executable, "-m", "fa2_verify", "run", "--kernel", "no-such-kernel"],
         capture_output=True, text=True, env=environment, cwd=REPO, timeout=120,
     )
     assert completed.returncode == 2

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from verify import cli
-from verify.case import CaseSpec
-from verify.corpus import DEFAULT_PATH, Corpus, corpus_from_dict, load_corpus, save_corpus
-from verify.errors import UsageError
-from verify.values import GENERATORS
+from fa2_verify.cli import main as cli
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify.corpus import DEFAULT_PATH, Corpus, corpus_from_dict, load_corpus, save_corpus
+from fa2_verify.core.errors import UsageError
+from fa2_verify.core.values import GENERATORS
 
 SPEC = CaseSpec(batch=1, seqlen_q=7, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", seed=5)
 

@@ -1,4 +1,4 @@
-"""verify.error_model: the bounds of docs/error-model.md on closed-form cases, and what they catch.
+"""fa2_verify.verify.error_model: the bounds of docs/error-model.md on closed-form cases, and what they catch.
 
 The deviations are applied to the golden's own answer, so each test isolates
 the bound from any kernel: the correctly rounded golden passes, a deviation
@@ -14,10 +14,10 @@ import types
 import pytest
 import torch
 
-import golden
+from fa2_verify import golden
 from tests import naive
-from verify.case import CaseSpec, make_case
-from verify.error_model import (
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.error_model import (
     SECOND_ORDER_UNITS,
     THRESHOLDS,
     accumulation_unit,
@@ -25,7 +25,7 @@ from verify.error_model import (
     underflow_unit,
     unit_roundoff,
 )
-from verify.metrics import compare
+from fa2_verify.verify.metrics import compare
 
 SPEC = CaseSpec(
     batch=1, seqlen_q=9, seqlen_k=13, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True, seed=5

@@ -10,11 +10,11 @@ import types
 import pytest
 import torch
 
-from kernels import flash_attn
-from kernels.flash_attn import KERNEL
+from fa2_verify.kernels import flash_attn
+from fa2_verify.kernels.flash_attn import KERNEL
 from tests.naive import attention, attention_grads, make_inputs
-from verify.errors import UnsupportedCase
-from verify.registry import load_kernel
+from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.verify.registry import load_kernel
 
 
 def test_missing_package_is_reported(monkeypatch) -> None:

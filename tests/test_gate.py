@@ -15,15 +15,16 @@ import pathlib
 import pytest
 import torch
 
-from kernels.contract import Capabilities
+from fa2_verify.core.contract import Capabilities
 from tests import degraded
 from tests.test_report import synthetic_result, synthetic_run
-from verify import baseline as baselines
-from verify import cli, gate
-from verify.corpus import Corpus, load_corpus, save_corpus
-from verify.errors import BaselineError, UsageError
-from verify.registry import LoadedKernel, load_kernel
-from verify.report_markdown import render_gate
+from fa2_verify.verify import baseline as baselines
+from fa2_verify.cli import main as cli
+from fa2_verify.verify import gate
+from fa2_verify.verify.corpus import Corpus, load_corpus, save_corpus
+from fa2_verify.core.errors import BaselineError, UsageError
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
+from fa2_verify.verify.report_markdown import render_gate
 
 CAPABILITIES = Capabilities(dtypes={"cpu": ("float16", "float32")}, head_dims=(32, 64), deterministic_backward=True)
 
@@ -165,7 +166,7 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
 
 
 
-COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "golden" / "baselines" / "reference-cpu.json"
+COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "fa2_verify" / "golden" / "baselines" / "reference-cpu.json"
 
 #: A few corpus cases, small and fast on the CPU: float16 and float32, none/causal/window, GQA/MQA.
 E2E_CASES = ("f16-causal-mqa-empty-rows", "f16-window-gqa", "f32-none-uniform-tiny", "f32-window-mqa")

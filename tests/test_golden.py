@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-from golden import mp
-from golden.options import AUTO_MPMATH_MAX_WORK
-from kernels.contract import visible_mask
-from verify.errors import UsageError
+from fa2_verify import golden
+from fa2_verify.golden import mp
+from fa2_verify.golden.options import AUTO_MPMATH_MAX_WORK
+from fa2_verify.core.contract import visible_mask
+from fa2_verify.core.errors import UsageError
 
 METHODS = ("mpmath", "fast")
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-from golden import cache, fast, mp
-from golden.cache import GoldenCacheWarning
-from golden.options import CACHE_ENV
-from verify.errors import UsageError
+from fa2_verify import golden
+from fa2_verify.golden import cache, fast, mp
+from fa2_verify.golden.cache import GoldenCacheWarning
+from fa2_verify.golden.options import CACHE_ENV
+from fa2_verify.core.errors import UsageError
 
 OUTPUTS = ("out", "lse", "delta", "dq", "dk", "dv")
 
@@ -164,7 +164,7 @@ def test_entry_with_wrong_shapes_is_not_trusted(tmp_path):
 WRITER = """
 import pathlib, sys, time
 import numpy as np
-from golden import cache
+from fa2_verify.golden import cache
 directory, key, seed, go = pathlib.Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), pathlib.Path(sys.argv[4])
 arrays = {"out": np.random.default_rng(seed % 2).standard_normal((64, 64))}
 while not go.exists():

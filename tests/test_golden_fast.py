@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-import golden
-from golden import certify, eft, fast, inputs, mp, rows
-from golden.certify import LIMIT
-from verify.case import CaseSpec, make_case
-from verify.errors import GoldenError
+from fa2_verify import golden
+from fa2_verify.golden import certify, eft, fast, inputs, mp, rows
+from fa2_verify.golden.certify import LIMIT
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import GoldenError
 
 MPMATH = golden.GoldenOptions(method="mpmath")
 FAST = golden.GoldenOptions(method="fast")
@@ -180,7 +180,7 @@ def test_certified_bound_reports_the_observed_error():
 
 
 def test_rows_reference_agrees_with_plain_mpmath():
-    """golden.rows (exact integer dot products) and golden.mp (mpmath fdot) agree to ~2**-105."""
+    """fa2_verify.golden.rows (exact integer dot products) and golden.mp (mpmath fdot) agree to ~2**-105."""
     problem = _problem(heads_q=2, heads_kv=1, seqlen_q=5, seqlen_k=6)
     ctx = mp.context(113)
     to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]

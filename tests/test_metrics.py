@@ -1,4 +1,4 @@
-"""verify.metrics on hand-made tensors: ULPs, distributions, non-finite rules, the worst element, messages."""
+"""fa2_verify.verify.metrics on hand-made tensors: ULPs, distributions, non-finite rules, the worst element, messages."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from verify.case import CaseSpec
-from verify.metrics import (
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify.metrics import (
     NORMALIZED_EDGES,
     Distribution,
     OutputComparison,
@@ -19,7 +19,7 @@ from verify.metrics import (
     tensor_path,
     ulp,
 )
-from verify.results import CaseResult
+from fa2_verify.verify.results import CaseResult
 
 INF = math.inf
 
@@ -152,7 +152,7 @@ def test_relative_error_of_an_exact_zero():
 
 
 def test_a_nan_golden_is_an_error_of_the_harness():
-    from verify.errors import GoldenError
+    from fa2_verify.core.errors import GoldenError
 
     with pytest.raises(GoldenError, match="golden out contains NaN"):
         _compare([1.0], [math.nan])

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import DEFERRED, TiledAttention
+from fa2_verify.kernels.reference import DEFERRED, TiledAttention
 from tests import mutants
 from tests.naive import make_inputs, relative_error
-from verify.poison import poisoned
-from verify.registry import load_kernel
+from fa2_verify.verify.poison import poisoned
+from fa2_verify.verify.registry import load_kernel
 
 #: Smallest max |mutant - reference| / max |reference| that counts as "differs by a lot".
 DEVIATION = 1e-2

@@ -19,14 +19,14 @@ import pytest
 import torch
 from hypothesis import settings
 
-from golden.options import GoldenOptions
-from kernels.contract import UNBOUNDED, visible_mask
-from kernels.reference import DEFERRED
-from properties import harness, profiles
-from properties.plugin import golden_cache_dir
-from properties.session import Suite
+from fa2_verify.golden.options import GoldenOptions
+from fa2_verify.core.contract import UNBOUNDED, visible_mask
+from fa2_verify.kernels.reference import DEFERRED
+from fa2_verify.properties import harness, profiles
+from fa2_verify.properties.plugin import golden_cache_dir
+from fa2_verify.properties.session import Suite
 from tests.mutants import MUTANTS
-from verify.registry import LoadedKernel, load_kernel
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
 
 CI = profiles.get("ci")
 

@@ -17,13 +17,13 @@ import sys
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from properties import plugin, profiles
+from fa2_verify.properties import plugin, profiles
 
 pytest_plugins = ("pytester",)
 
 FORWARD_ONLY = '''
 import dataclasses
-from kernels.reference import DEFERRED
+from fa2_verify.kernels.reference import DEFERRED
 
 class ForwardOnly:
     """The reference forward without a backward pass."""
@@ -50,9 +50,9 @@ def run(pytester, pytestconfig, monkeypatch):
 
 
 BAD_OPTIONS = {
-    "unknown-kernel": ("--kernel=no-such-kernel", "--kernel=no-such-kernel: unknown kernel"),
+    "unknown-kernel": ("--fa2-kernel=no-such-kernel", "--fa2-kernel=no-such-kernel: unknown kernel"),
     "unknown-profile": ("--fa2-profile=weekly", "--fa2-profile=weekly: not a profile: use one of dev, ci, nightly"),
-    "unknown-device": ("--device=abacus", "--device=abacus: not a device"),
+    "unknown-device": ("--fa2-device=abacus", "--fa2-device=abacus: not a device"),
     "unsupported-dtype": ("--fa2-dtypes=float8", "--fa2-dtypes=float8: use names from"),
 }
 
@@ -68,7 +68,7 @@ def test_bad_option_values_are_usage_errors(run, pytester, option, message):
 def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, pytester):
     pytester.makepyfile(forward_only=FORWARD_ONLY)
     result = run(
-        "--pyargs", "properties", "-k", "within_error_model", "--kernel=forward_only:KERNEL", "--fa2-profile=ci", "-n", "2", "-rs"
+        "--pyargs", "fa2_verify.properties", "-k", "within_error_model", "--fa2-kernel=forward_only:KERNEL", "--fa2-profile=ci", "-n", "2", "-rs"
     )
     result.assert_outcomes(passed=2, skipped=4)
     budget = profiles.get("ci").max_examples
@@ -89,7 +89,7 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
 def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, pytester):
     """Each property test is one Allure result, labelled, with attachments made once per test."""
     results = pytester.path / "allure-results"
-    outcome = run("--pyargs", "properties", "-k", "out_within_error_model", "--kernel=reference", "--fa2-profile=dev",
+    outcome = run("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model", "--fa2-kernel=reference", "--fa2-profile=dev",
                   f"--alluredir={results}")
     outcome.assert_outcomes(passed=1)
     (record,) = [json.loads(path.read_text()) for path in results.glob("*-result.json")]
@@ -101,7 +101,7 @@ def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, py
 
 
 def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
-    result = run("--pyargs", "properties", "-k", "lse_within", "--kernel=tests.mutants:LSE_BASE2", "--fa2-profile=ci")
+    result = run("--pyargs", "fa2_verify.properties", "-k", "lse_within", "--fa2-kernel=tests.mutants:LSE_BASE2", "--fa2-profile=ci")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -119,8 +119,23 @@ def test_plugin_is_inert_in_other_test_suites(run, pytester):
     assert "fa2-verify property suite" not in result.stdout.str()
 
 
+def test_a_suite_with_its_own_device_and_kernel_options_still_starts(run, pytester):
+    """The plugin's options are namespaced (``--fa2-*``), so a conftest may define ``--device`` and ``--kernel``."""
+    pytester.makeconftest(
+        "def pytest_addoption(parser):\n"
+        "    parser.addoption('--device', default='cpu')\n"
+        "    parser.addoption('--kernel', default='mine')\n"
+    )
+    pytester.makepyfile(
+        test_own="def test_own(pytestconfig):\n"
+        "    assert (pytestconfig.getoption('device'), pytestconfig.getoption('kernel')) == ('meta', 'mine')\n"
+    )
+    result = run("--device", "meta")
+    result.assert_outcomes(passed=1)
+
+
 def test_importing_the_plugin_is_cheap():
-    probe = "import sys, properties.plugin; print(sorted(m for m in ('torch', 'hypothesis') if m in sys.modules))"
+    probe = "import sys, fa2_verify.properties.plugin; print(sorted(m for m in ('torch', 'hypothesis') if m in sys.modules))"
     output = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
 

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-import golden
-from properties import relations
-from properties.determinism import dq_spread_bound, key_blocks
-from properties.varlen import VarlenSpec, pack
-from verify.case import CaseSpec, make_case
+from fa2_verify import golden
+from fa2_verify.properties import relations
+from fa2_verify.properties.determinism import dq_spread_bound, key_blocks
+from fa2_verify.properties.varlen import VarlenSpec, pack
+from fa2_verify.core.case import CaseSpec, make_case
 
 
 def _case(**overrides) -> CaseSpec:

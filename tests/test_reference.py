@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import DEFERRED, EAGER, TiledAttention
+from fa2_verify.kernels.reference import DEFERRED, EAGER, TiledAttention
 from tests import mutants
 from tests.naive import assert_matches, check_against_attention, make_inputs
-from verify.errors import UsageError
-from verify.poison import poisoned
+from fa2_verify.core.errors import UsageError
+from fa2_verify.verify.poison import poisoned
 
 DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 

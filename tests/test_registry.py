@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kernels.contract import Capabilities
-from kernels.reference import DEFERRED
-from verify.cli import main
-from verify.errors import KernelLoadError
-from verify.registry import BUNDLED, load_kernel
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.kernels.reference import DEFERRED
+from fa2_verify.cli.main import main
+from fa2_verify.core.errors import KernelLoadError
+from fa2_verify.verify.registry import BUNDLED, load_kernel
 
 
 class _NoForward:
@@ -36,7 +36,7 @@ BAD_TARGETS = {
     "missing-attribute": ("tests.mutants:NO_SUCH_MUTANT", "module 'tests.mutants' has no attribute 'NO_SUCH_MUTANT'"),
     "lacks-forward": ("tests.test_registry:NO_FORWARD", "target 'tests.test_registry:NO_FORWARD' lacks 'forward'"),
     "lacks-capabilities": ("tests.test_registry:NO_CAPABILITIES", "lacks 'capabilities', required by the kernel contract"),
-    "bad-capabilities": ("tests.test_registry:DICT_CAPABILITIES", "'capabilities' is dict, expected kernels.contract.Capabilities"),
+    "bad-capabilities": ("tests.test_registry:DICT_CAPABILITIES", "'capabilities' is dict, expected core.contract.Capabilities"),
 }
 
 
@@ -55,7 +55,7 @@ def test_bundled_cpu_targets_load(name: str) -> None:
 
 
 def test_module_attr_target_loads() -> None:
-    kernel = load_kernel("kernels.reference:EAGER")
+    kernel = load_kernel("fa2_verify.kernels.reference:EAGER")
     assert kernel.config()["rescaling"] == "eager"
 
 

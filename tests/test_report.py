@@ -13,11 +13,12 @@ import math
 import pytest
 import torch
 
-from verify import cli, metrics
-from verify.case import CaseSpec
-from verify.commands import run as run_command
-from verify.errors import ReportError
-from verify.report_json import (
+from fa2_verify.cli import main as cli
+from fa2_verify.verify import metrics
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.cli.commands import run as run_command
+from fa2_verify.core.errors import ReportError
+from fa2_verify.verify.report_json import (
     SCHEMA_VERSION,
     build_tolerance_report,
     group_comparisons,
@@ -25,8 +26,8 @@ from verify.report_json import (
     merge_histograms,
     write_tolerance_report,
 )
-from verify.report_markdown import render_tolerance
-from verify.results import CaseResult, RunResult
+from fa2_verify.verify.report_markdown import render_tolerance
+from fa2_verify.verify.results import CaseResult, RunResult
 
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 

@@ -20,18 +20,18 @@ import sys
 import pytest
 
 from tests.test_report import synthetic_result
-from verify import allure_report
-from verify.case import CaseSpec
-from verify.errors import ReportError, UsageError
+from fa2_verify.verify import allure_report
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.errors import ReportError, UsageError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 INNER_TEST = """
 from hypothesis import given, settings, strategies as st
 
-from verify.case import CaseSpec, make_case
-from verify.check import check_case
-from verify.registry import load_kernel
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import load_kernel
 
 SPECS = [
     CaseSpec(batch=1, seqlen_q=9, seqlen_k=12, heads_q=2, heads_kv=2, head_dim=32, dtype="float16", seed=1, name="f16"),
@@ -56,7 +56,7 @@ def test_outputs_match_golden(spec):
 INNER_CONFTEST = """
 import pytest
 
-from verify.allure_report import record_property_test
+from fa2_verify.verify.allure_report import record_property_test
 
 
 @pytest.hookimpl(wrapper=True)

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernels import online_softmax as osm
+from fa2_verify.kernels import online_softmax as osm
 
 WORKING_PRECISION = 113
 EXACT_PRECISION = 4 * WORKING_PRECISION

@@ -15,12 +15,12 @@ import torch
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from kernels.contract import UNBOUNDED, Capabilities, visible_mask
-from properties import cases, inputs, masks, profiles, shapes
-from properties.profiles import Limits
-from verify import values
-from verify.case import CaseSpec, make_case
-from verify.errors import UsageError
+from fa2_verify.core.contract import UNBOUNDED, Capabilities, visible_mask
+from fa2_verify.properties import cases, inputs, masks, profiles, shapes
+from fa2_verify.properties.profiles import Limits
+from fa2_verify.core import values
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import UsageError
 
 FULL = Capabilities(dtypes={"cpu": ("float16", "bfloat16", "float32")}, head_dims=(8, 16, 32, 64, 128), deterministic_backward=True)
 NARROW = Capabilities(

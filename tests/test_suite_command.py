@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-import properties
-from verify.cli import build_parser, main
-from verify.commands import suite
-from verify.commands.suite import pytest_arguments
+from fa2_verify import properties
+from fa2_verify.cli.main import build_parser, main
+from fa2_verify.cli.commands import suite
+from fa2_verify.cli.commands.suite import pytest_arguments
 
 
 def test_options_and_extra_arguments_reach_pytest(tmp_path, monkeypatch):
@@ -21,8 +21,8 @@ def test_options_and_extra_arguments_reach_pytest(tmp_path, monkeypatch):
     assert pytest_arguments(args) == [
         str(pathlib.Path(properties.__file__).parent),
         f"--rootdir={tmp_path}",
-        "--kernel=triton",
-        "--device=cuda",
+        "--fa2-kernel=triton",
+        "--fa2-device=cuda",
         "--fa2-profile=nightly",
         "--fa2-dtypes=float16",
         "-n",
@@ -35,7 +35,7 @@ def test_options_and_extra_arguments_reach_pytest(tmp_path, monkeypatch):
 def test_a_usage_error_exits_2(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     assert main(["suite", "--kernel", "no-such-kernel"]) == 2
-    assert "--kernel=no-such-kernel: unknown kernel" in capfd.readouterr().err
+    assert "--fa2-kernel=no-such-kernel: unknown kernel" in capfd.readouterr().err
 
 
 def test_a_passing_kernel_exits_0(tmp_path, monkeypatch, pytestconfig):

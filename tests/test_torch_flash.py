@@ -11,14 +11,14 @@ import math
 import pytest
 import torch
 
-from kernels import torch_flash
-from kernels.contract import visible_mask
-from kernels.torch_flash import KERNEL
+from fa2_verify.kernels import torch_flash
+from fa2_verify.core.contract import visible_mask
+from fa2_verify.kernels.torch_flash import KERNEL
 from tests.naive import assert_matches, attention, check_against_attention, make_inputs
 from tests.test_reference import DTYPES, MASKS, SHAPES
-from verify.errors import UnsupportedCase
-from verify.poison import poisoned
-from verify.registry import load_kernel
+from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.verify.poison import poisoned
+from fa2_verify.verify.registry import load_kernel
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from benchmarks import bench_kernels as bench
-from kernels.triton_fa2.configs import TileConfig
-from verify.cli import main
+from fa2_verify.kernels.triton_fa2.configs import TileConfig
+from fa2_verify.cli.main import main
 
 
 def test_relative_error_never_passes_nan() -> None:

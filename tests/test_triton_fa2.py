@@ -12,11 +12,11 @@ import sys
 import pytest
 import torch
 
-from kernels.contract import Capabilities
-from kernels.triton_fa2 import KERNEL, configs, environment, validation
-from kernels.triton_fa2.environment import CPU_DTYPES, CUDA_DTYPES, Environment
-from verify.errors import UnsupportedCase, UsageError
-from verify.registry import load_kernel
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.kernels.triton_fa2 import KERNEL, configs, environment, validation
+from fa2_verify.kernels.triton_fa2.environment import CPU_DTYPES, CUDA_DTYPES, Environment
+from fa2_verify.core.errors import UnsupportedCase, UsageError
+from fa2_verify.verify.registry import load_kernel
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -47,8 +47,8 @@ def test_interpret_mode_is_read_like_triton(monkeypatch, value, on) -> None:
 
 def test_package_import_does_not_import_triton() -> None:
     """Importing the target (and the registry loading it) is cheap: Triton loads on the first call."""
-    code = ("import sys; from verify.registry import load_kernel; k = load_kernel('triton'); k.capabilities; "
-            "assert 'triton' not in sys.modules and 'kernels.triton_fa2.kernels' not in sys.modules")
+    code = ("import sys; from fa2_verify.verify.registry import load_kernel; k = load_kernel('triton'); k.capabilities; "
+            "assert 'triton' not in sys.modules and 'fa2_verify.kernels.triton_fa2.kernels' not in sys.modules")
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                             env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert result.returncode == 0, result.stderr[-2000:]

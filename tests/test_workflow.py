@@ -93,7 +93,7 @@ def test_suite_uses_xdist_workers_on_every_gpu_and_keeps_the_example_database(jo
 
 def test_gate_and_summary_wiring():
     gate = (CI / "gate.sh").read_text()
-    assert "golden/baselines/$FA2_KERNEL-$tag.json" in gate and "--markdown" in gate
+    assert "fa2_verify/golden/baselines/$FA2_KERNEL-$tag.json" in gate and "--markdown" in gate
     summary = (CI / "summary.sh").read_text()
     assert '"${GITHUB_STEP_SUMMARY:-/dev/stdout}"' in summary
     report = (CI / "report.sh").read_text()

@@ -18,7 +18,7 @@ import os
 import torch
 
 from tests.naive import FA2_TOLERANCE, assert_matches, attention, attention_grads, make_inputs
-from verify.poison import poisoned
+from fa2_verify.verify.poison import poisoned
 
 SCALE = 0.3
 
@@ -35,7 +35,7 @@ CASES = {
 
 def _kernel():
     assert os.environ.get("TRITON_INTERPRET") == "1", "run these checks with TRITON_INTERPRET=1"
-    from kernels.triton_fa2 import KERNEL
+    from fa2_verify.kernels.triton_fa2 import KERNEL
 
     return KERNEL
 
@@ -169,7 +169,7 @@ def strided_inputs_give_identical_results() -> None:
 
 def registry_and_capabilities_under_interpreter() -> None:
     """``load_kernel("triton")`` runs on CPU float16/float32 here and records the tiles it used."""
-    from verify.registry import load_kernel
+    from fa2_verify.verify.registry import load_kernel
 
     kernel = load_kernel("triton")
     assert kernel.unavailable_reason("cpu") is None, kernel.unavailable_reason("cpu")

@@ -1,0 +1,45 @@
+"""fa2-verify: numerical-correctness verification for FlashAttention-2 attention kernels.
+
+The public API a user's kernel module imports:
+
+* :class:`Capabilities`: what a kernel target supports (docs/design.md, "The kernel contract");
+* :class:`UnsupportedCase`: raised by a kernel to decline a case its capabilities cannot express;
+* :class:`CaseSpec` and :func:`check_case`: one case through a kernel, compared with the golden.
+
+Subpackages: ``fa2_verify.kernels`` (the contract and bundled kernels),
+``fa2_verify.golden`` (the high-precision golden), ``fa2_verify.verify``
+(checks, reports, gate, CLI) and ``fa2_verify.properties`` (the Hypothesis
+property suite and its pytest plugin).
+
+Importing this package is cheap: the names below load on first use (PEP 562),
+so the pytest plugin, which every pytest run of the environment imports, pulls
+in neither torch nor Hypothesis.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_HOMES = {
+    "Capabilities": "fa2_verify.core.contract",
+    "UnsupportedCase": "fa2_verify.core.errors",
+    "Fa2VerifyError": "fa2_verify.core.errors",
+    "CaseSpec": "fa2_verify.core.case",
+    "check_case": "fa2_verify.verify.check",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'fa2_verify' has no attribute {name!r}")
+    return getattr(importlib.import_module(home), name)
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -1,0 +1,108 @@
+"""``fa2-verify baseline``: record a kernel's baseline on the gate corpus.
+
+Runs every corpus case of the chosen dtypes through the kernel
+(:func:`verify.baseline.record`), prints one line per (dtype, output, feature)
+group and writes the baseline JSON to ``--out``.  ``--repeats N`` runs the
+corpus N times and stores the spread of each quantile as its jitter, which the
+gate adds to its margin (for kernels whose results vary from run to run, such
+as a backward with atomic dQ accumulation).  Exit status: 0 once written, 2 for
+bad arguments or an existing ``--out`` without ``--overwrite``.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+from fa2_verify.golden.options import CACHE_ENV, GoldenOptions
+from fa2_verify.verify import baseline as baselines
+from fa2_verify.cli.commands.corpus import add_corpus_option
+from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
+from fa2_verify.verify.corpus import load_corpus
+from fa2_verify.core.errors import ReportError, UsageError
+
+#: Golden cache of the corpus when neither --golden-cache nor $FA2_VERIFY_GOLDEN_CACHE is given.
+DEFAULT_GOLDEN_CACHE = pathlib.Path(".fa2-golden-cache")
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("baseline", help="record a kernel's baseline on the gate corpus")
+    add_target_arguments(parser)
+    parser.add_argument("--out", required=True, type=pathlib.Path, metavar="FILE", help="baseline JSON to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out file")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run the corpus N times and record each quantile's spread as jitter (default 1)",
+    )
+    add_corpus_arguments(parser)
+    parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes to cover (default: all in the corpus)")
+    parser.set_defaults(handler=handle)
+
+
+def add_corpus_arguments(parser) -> None:
+    """``--corpus`` and ``--golden-cache``, shared with ``fa2-verify gate``."""
+    add_corpus_option(parser)
+    parser.add_argument(
+        "--golden-cache",
+        type=pathlib.Path,
+        metavar="DIR",
+        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_GOLDEN_CACHE})",
+    )
+
+
+def golden_options(args) -> GoldenOptions:
+    """Golden options with the cache of ``--golden-cache``, ``$FA2_VERIFY_GOLDEN_CACHE`` or the default."""
+    cache = args.golden_cache or pathlib.Path(os.environ.get(CACHE_ENV) or DEFAULT_GOLDEN_CACHE)
+    return GoldenOptions(cache_dir=cache)
+
+
+def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
+    """``"float16,bfloat16"`` -> ``("bfloat16", "float16")``; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    names = tuple(sorted({name.strip() for name in text.split(",") if name.strip()}))
+    if not names:
+        raise UsageError(f"--dtypes={text!r} names no dtype: pass e.g. --dtypes float16,bfloat16")
+    return names
+
+
+def format_groups(baseline: baselines.Baseline) -> str:
+    """One line per group: normalized p50/p99/max and ULP max."""
+    lines = [f"{'group':<36} {'cases':>5} {'p50':>9} {'p99':>9} {'max':>9} {'max ULP':>9}"]
+    for group in baseline.groups.values():
+        normalized, ulp = group.quantiles["normalized"], group.quantiles["ulp"]
+        lines.append(
+            f"{group.where:<36} {group.cases:>5} {normalized['p50']:>9.3g} {normalized['p99']:>9.3g} "
+            f"{normalized['max']:>9.3g} {ulp['max']:>9.3g}"
+        )
+    return "\n".join(lines)
+
+
+def handle(args) -> int:
+    if args.repeats < 1:
+        raise UsageError(f"--repeats={args.repeats} is not valid: use a positive integer")
+    if args.out.exists() and not args.overwrite:
+        raise ReportError(f"{args.out} exists: pass --overwrite to replace it, or choose another --out")
+    kernel = resolve_target(args.kernel, args.device)
+    corpus = load_corpus(args.corpus)
+    baseline = baselines.record(
+        kernel,
+        corpus,
+        device=args.device,
+        dtypes=parse_dtypes(args.dtypes),
+        repeats=args.repeats,
+        golden_options=golden_options(args),
+    )
+    print(format_groups(baseline))
+    statuses = [case.status for case in baseline.cases.values()]
+    print(
+        f"{kernel.name} on {baseline.device_name}: corpus version {corpus.version}, {len(statuses)} cases: "
+        + ", ".join(f"{statuses.count(s)} {s}" for s in ("passed", "failed", "error", "unsupported"))
+    )
+    if statuses.count("failed") or statuses.count("error"):
+        print("note: the gate flags only new failures; the failing cases above are recorded as they are")
+    print(f"wrote {baselines.write_baseline(baseline, args.out, overwrite=args.overwrite)}")
+    return 0

@@ -1,0 +1,107 @@
+"""``fa2-verify gate``: fail when a kernel regresses against its baseline on the gate corpus.
+
+Checks first that the baseline matches this run (kernel, device and its name,
+corpus version and digest, schema version, dtype set) and fails closed when
+it does not; then runs the corpus and compares (:mod:`verify.gate`), printing
+every regression: which quantile of which (dtype, output, feature) rose and by
+how much, which case newly fails, which capability disappeared.  Exit status:
+0 no regression, 1 a regression, 2 a missing, corrupt or mismatched baseline
+or bad arguments (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from fa2_verify.verify import baseline as baselines
+from fa2_verify.verify import gate
+from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.cli.commands.baseline import add_corpus_arguments, golden_options, parse_dtypes
+from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
+from fa2_verify.verify.corpus import load_corpus
+from fa2_verify.core.errors import ReportError, UsageError
+from fa2_verify.verify.report_markdown import render_gate
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("gate", help="compare a kernel with its baseline on the gate corpus")
+    add_target_arguments(parser)
+    parser.add_argument("--baseline", required=True, type=pathlib.Path, metavar="FILE", help="baseline JSON")
+    add_corpus_arguments(parser)
+    parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes; must equal the baseline's set")
+    parser.add_argument(
+        "--relative-margin",
+        type=float,
+        default=gate.RELATIVE_MARGIN,
+        metavar="R",
+        help=f"tolerated relative rise of a quantile (default {gate.RELATIVE_MARGIN})",
+    )
+    parser.add_argument(
+        "--floor",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="absolute floor of the margin per metric (defaults: "
+        + ", ".join(f"{m}={v}" for m, v in gate.FLOORS.items())
+        + ")",
+    )
+    parser.add_argument(
+        "--output-margin",
+        action="append",
+        default=[],
+        metavar="OUTPUT=R",
+        help="relative margin for one output, e.g. dq=0.5 for an atomic-accumulation backward",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        metavar="FILE",
+        help="also write this run, in the baseline format (a candidate new baseline)",
+    )
+    parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE", help="write a Markdown summary of the verdict")
+    parser.add_argument("--overwrite", action="store_true", help="replace existing --out/--markdown files")
+    parser.set_defaults(handler=handle)
+
+
+def _pairs(items: list[str], flag: str, example: str) -> dict[str, float]:
+    pairs = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if number is None or not name.strip():
+            raise UsageError(f"{flag} {item!r} is not NAME=NUMBER: pass e.g. {flag} {example}")
+        pairs[name.strip()] = number
+    return pairs
+
+
+def margins(args) -> gate.Margins:
+    return gate.Margins(
+        relative=args.relative_margin,
+        floors={**gate.FLOORS, **_pairs(args.floor, "--floor", "normalized=0.02")},
+        outputs=_pairs(args.output_margin, "--output-margin", "dq=0.5"),
+    )
+
+
+def handle(args) -> int:
+    chosen_margins = margins(args)
+    for path in (args.out, args.markdown):
+        if path is not None and path.exists() and not args.overwrite:
+            raise ReportError(f"{path} exists: pass --overwrite to replace it, or choose another path")
+    baseline = baselines.load_baseline(args.baseline)
+    corpus = load_corpus(args.corpus)
+    dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))
+    kernel = resolve_target(args.kernel, args.device)
+    gate.check_compatible(
+        baseline, kernel=args.kernel, device=args.device, corpus=corpus, dtypes=dtypes, source=str(args.baseline)
+    )
+    current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args))
+    result = gate.compare(baseline, current, chosen_margins)
+    print(gate.format_result(result, source=str(args.baseline)))
+    if args.out is not None:
+        print(f"wrote {baselines.write_baseline(current, args.out, overwrite=args.overwrite)}")
+    if args.markdown is not None:
+        print(f"wrote {write_text_atomic(args.markdown, render_gate(result), overwrite=args.overwrite)}")
+    return 0 if result.passed else 1

@@ -1,0 +1,50 @@
+"""``fa2-verify kernels``: list the targets, their capabilities, and whether they run here."""
+
+from __future__ import annotations
+
+import torch
+
+from fa2_verify.core.errors import KernelLoadError
+from fa2_verify.verify.registry import BUNDLED, load_kernel
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("kernels", help="list kernel targets and their capabilities")
+    parser.add_argument("names", nargs="*", help="targets to describe (default: all bundled)")
+    parser.set_defaults(handler=handle)
+
+
+def _features(caps) -> str:
+    flags = [
+        ("causal", caps.causal),
+        ("window", caps.window),
+        ("gqa", caps.gqa),
+        ("backward", caps.backward),
+        ("deterministic", caps.deterministic_backward),
+        ("varlen", caps.varlen),
+    ]
+    return ",".join(name for name, on in flags if on) or "-"
+
+
+def handle(args) -> int:
+    names = args.names or list(BUNDLED)
+    here = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    print(f"{'kernel':<16} {'devices/dtypes':<54} {'head dims':<12} {'features':<44} runs here")
+    for name in names:
+        try:
+            kernel = load_kernel(name)
+        except KernelLoadError as exc:
+            print(f"{name:<16} {'-':<54} {'-':<12} {'-':<44} no: {exc}")
+            continue
+        caps = kernel.capabilities
+        devices = "; ".join(f"{dev}: {','.join(dts)}" for dev, dts in caps.dtypes.items())
+        dims = caps.head_dims
+        head_dims = f"{min(dims)}..{max(dims)}" if len(dims) > 6 else ",".join(map(str, dims))
+        status = []
+        for device in here:
+            reason = kernel.unavailable_reason(device)
+            status.append(f"{device}: yes" if reason is None else f"{device}: no ({reason})")
+        print(f"{name:<16} {devices:<54} {head_dims:<12} {_features(caps):<44} {'; '.join(status)}")
+        for note in caps.notes:
+            print(f"{'':<16} note: {note}")
+    return 0

@@ -1,0 +1,44 @@
+"""``fa2-verify report``: turn an allure-results directory into an HTML report (Allure 3).
+
+``pytest --alluredir allure-results`` writes one Allure result per property
+test, with its error histograms and data attached
+(:mod:`verify.allure_report`); this command runs ``allure generate`` on them.
+Allure 3 is the npm package ``allure``: ``npm ci --prefix ci`` installs the
+version pinned in ``ci/package.json``.  Exit status: 0 once generated, 2 when
+the results are missing, the output exists without ``--overwrite``, or Allure 3
+is not installed (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from fa2_verify.verify.allure_report import generate_html
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("report", help="generate the Allure 3 HTML report from allure-results")
+    parser.add_argument(
+        "results",
+        nargs="?",
+        type=pathlib.Path,
+        default=pathlib.Path("allure-results"),
+        help="allure-results directory (default: allure-results)",
+    )
+    parser.add_argument(
+        "--out",
+        type=pathlib.Path,
+        default=pathlib.Path("allure-report"),
+        metavar="DIR",
+        help="report directory (default: allure-report)",
+    )
+    parser.add_argument("--name", default="fa2-verify", help="report title (default: fa2-verify)")
+    parser.add_argument("--allure", metavar="PATH", help="Allure 3 executable (default: ci/node_modules, then PATH)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --out directory")
+    parser.set_defaults(handler=handle)
+
+
+def handle(args) -> int:
+    index = generate_html(args.results, args.out, allure=args.allure, name=args.name, overwrite=args.overwrite)
+    print(f"wrote {index} (serve {args.out} over HTTP to view it, e.g. `python -m http.server -d {args.out}`)")
+    return 0

@@ -1,0 +1,79 @@
+"""``fa2-verify repro``: run exactly one case and show its comparison in full.
+
+``--case`` takes the JSON spec that every failure message prints in its
+reproduction line (:meth:`core.case.CaseSpec.reproduction`).  Prints the
+case's table row(s), every metric's quantiles per output, and the failure
+description of each failing output.  Exit status: 0 passed, 1 failed or the
+kernel raised, 2 (one line on stderr) for bad arguments or an unsupported case.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.check import check_case
+from fa2_verify.cli.commands.run import add_target_arguments, failure_descriptions, format_table, resolve_target
+from fa2_verify.core.errors import UnsupportedCase, UsageError
+from fa2_verify.verify.results import CaseResult
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("repro", help="run one case (a JSON case spec) and show its comparison")
+    add_target_arguments(parser)
+    parser.add_argument("--case", required=True, metavar="JSON", help="case spec, as printed by a failure")
+    parser.set_defaults(handler=handle)
+
+
+def parse_case(text: str) -> CaseSpec:
+    """The :class:`CaseSpec` in ``text`` (JSON), or a one-line :class:`UsageError`."""
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
+        ) from None
+    if not isinstance(record, dict):
+        raise UsageError(f"--case must be a JSON object, got {type(record).__name__}: pass a failure's case spec")
+    try:
+        return CaseSpec.from_dict(record)
+    except TypeError as exc:
+        raise UsageError(f"--case is not a complete case spec ({exc}): pass a failure's case spec") from None
+
+
+def _details(result: CaseResult) -> list[str]:
+    lines = []
+    for name, comparison in result.comparisons.items():
+        lines.append(f"{name} ({comparison.dtype}, {comparison.numel} elements, threshold {comparison.threshold:g}):")
+        for label, distribution in (
+            ("normalized", comparison.normalized),
+            ("ULP", comparison.ulp),
+            ("abs", comparison.abs_err),
+            ("rel", comparison.rel_err),
+        ):
+            quantiles = " ".join(f"{key}={value:.3g}" for key, value in distribution.quantiles.items())
+            lines.append(f"  {label:<10} {quantiles}")
+        if comparison.worst is not None:
+            worst = comparison.worst
+            lines.append(
+                f"  worst      {worst['path']}: actual={worst['actual']:.6g} expected={worst['expected']:.6g} "
+                f"normalized={worst['normalized']:.3g}"
+            )
+    return lines
+
+
+def handle(args) -> int:
+    kernel = resolve_target(args.kernel, args.device)
+    spec = parse_case(args.case)
+    result = check_case(kernel, make_case(spec, args.device))
+    if result.status == "unsupported":
+        raise UnsupportedCase(
+            f"--kernel={args.kernel} does not support this case on --device={args.device}: {result.reason}"
+        )
+    print(format_table([result]))
+    print()
+    print("\n".join(_details(result)))
+    for description in failure_descriptions([result]):
+        print()
+        print(description)
+    return 0 if result.passed else 1

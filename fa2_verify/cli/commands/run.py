@@ -1,0 +1,149 @@
+"""``fa2-verify run``: the fixed case set against one kernel, one table, one verdict.
+
+Runs :data:`verify.fixed_cases.FIXED_CASES` (forward and backward) through
+the kernel on ``--device``, compares every output with the golden
+(:func:`verify.check.check_case`), prints one table (case, output, dtype,
+p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
+description for each failing output, and writes ``DIR/tolerance.json``
+(:mod:`verify.report_json`) when ``--report DIR`` is given.  Exit status: 0
+when every supported case passed, 1 when a case failed or the kernel raised,
+2 (one line on stderr) for bad arguments, an unknown kernel, a missing
+device, an existing report without ``--overwrite``, or when no case of the
+set is supported (nothing verified).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.verify.check import run_cases
+from fa2_verify.core.errors import DeviceUnavailable, ReportError, UsageError
+from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.metrics import describe_failure
+from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
+from fa2_verify.verify.report_json import build_tolerance_report, collect_environment, write_tolerance_report
+from fa2_verify.verify.report_markdown import render_tolerance
+from fa2_verify.verify.results import CaseResult, RunResult
+
+REPORT_NAME = "tolerance.json"
+
+_COLUMNS = (
+    ("case", "<30"), ("output", "<6"), ("dtype", "<8"), ("p50", ">9"), ("p99", ">9"), ("max", ">9"),
+    ("max ULP", ">9"), ("fa ratio", ">9"), ("verdict", "<"),
+)
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("run", help="verify a kernel on the fixed case set against the golden")
+    add_target_arguments(parser)
+    parser.add_argument("--report", type=pathlib.Path, metavar="DIR", help=f"write DIR/{REPORT_NAME}")
+    parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE",
+                        help="write a Markdown summary, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)")
+    parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME} or --markdown")
+    parser.set_defaults(handler=handle)
+
+
+def add_target_arguments(parser) -> None:
+    """``--kernel`` and ``--device``, shared with ``fa2-verify repro``."""
+    parser.add_argument("--kernel", required=True, metavar="NAME", help="bundled short name or module:attr")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+
+
+def resolve_target(kernel_name: str, device: str) -> LoadedKernel:
+    """Load the kernel and check that it and ``device`` can run here (else a one-line error)."""
+    kernel = load_kernel(kernel_name)
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise UsageError(f"--device={device!r} is not a device: use cpu or cuda") from None
+    require_device(device)
+    reason = kernel.unavailable_reason(device)
+    if reason is not None:
+        raise DeviceUnavailable(f"--kernel={kernel_name} cannot run on --device={device}: {reason}")
+    return kernel
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def format_table(cases: list[CaseResult]) -> str:
+    """One row per (case, output); one row for an unsupported or errored case, with its reason."""
+    rows = [tuple(name for name, _ in _COLUMNS)]
+    for case in cases:
+        name = case.spec.name or case.spec.feature()
+        if not case.comparisons:
+            rows.append((name, "-", case.spec.dtype, "-", "-", "-", "-", "-", f"{case.status}: {case.reason}"))
+            continue
+        for output, comparison in case.comparisons.items():
+            quantiles = comparison.normalized.quantiles
+            rows.append((
+                name,
+                output,
+                comparison.dtype,
+                _number(quantiles["p50"]),
+                _number(quantiles["p99"]),
+                _number(quantiles["max"]),
+                _number(comparison.ulp.quantiles["max"]),
+                _number(comparison.flash_ratio),
+                "passed" if comparison.passed else f"FAILED ({comparison.mismatches}/{comparison.numel})",
+            ))
+    return "\n".join(
+        " ".join(f"{cell:{align}}" for cell, (_, align) in zip(row, _COLUMNS)).rstrip() for row in rows
+    )
+
+
+def failure_descriptions(cases: list[CaseResult]) -> list[str]:
+    """:func:`verify.metrics.describe_failure` for every failing output and every errored case."""
+    descriptions = []
+    for case in cases:
+        if case.status == "error":
+            descriptions.append(describe_failure(case))
+        descriptions.extend(describe_failure(case, output) for output in case.failed_outputs())
+    return descriptions
+
+
+def summary(run: RunResult) -> str:
+    counts = run.counts()
+    line = (
+        f"{run.kernel} on {run.device}: {counts['passed']} passed, {counts['failed']} failed, "
+        f"{counts['error']} errors, {counts['unsupported']} unsupported (of {len(run.cases)} cases)"
+    )
+    failing = sorted({output for case in run.cases for output in case.failed_outputs()})
+    if failing:
+        line += f"; failing outputs: {', '.join(failing)}"
+    return line
+
+
+def handle(args) -> int:
+    kernel = resolve_target(args.kernel, args.device)
+    report = args.report / REPORT_NAME if args.report is not None else None
+    if report is not None and report.exists() and not args.overwrite:
+        raise ReportError(f"{report} exists: pass --overwrite to replace it, or choose another --report directory")
+    if args.markdown is not None and args.markdown.exists() and not args.overwrite:
+        raise ReportError(f"{args.markdown} exists: pass --overwrite to replace it, or choose another --markdown file")
+    run = run_cases(kernel, FIXED_CASES, args.device)
+    print(format_table(run.cases))
+    for description in failure_descriptions(run.cases):
+        print()
+        print(description)
+    print()
+    print(summary(run))
+    environment = collect_environment(kernel, args.device)
+    if report is not None:
+        print(f"wrote {write_tolerance_report(report, run, environment=environment, overwrite=args.overwrite)}")
+    if args.markdown is not None:
+        markdown = render_tolerance(build_tolerance_report(run, environment=environment))
+        print(f"wrote {write_text_atomic(args.markdown, markdown, overwrite=args.overwrite)}")
+    counts = run.counts()
+    if counts["failed"] or counts["error"]:
+        return 1
+    if counts["passed"] == 0:
+        raise UsageError(
+            f"--kernel={args.kernel} supports none of the {len(run.cases)} fixed cases on --device={args.device}: "
+            "nothing was verified"
+        )
+    return 0

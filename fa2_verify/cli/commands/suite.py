@@ -1,0 +1,56 @@
+"""``fa2-verify suite``: run the Hypothesis property suite against one kernel.
+
+Runs pytest (in a child process) on the installed :mod:`properties` package with the plugin's
+options (``--kernel``, ``--device``, ``--fa2-profile``, ``--fa2-dtypes``);
+every argument after ``--`` goes to pytest unchanged, e.g. ``-n 2`` or
+``-k dq``.  pytest's root directory is the current directory, so the golden
+cache (``.fa2-golden-cache``) and the example database (``.fa2-examples``)
+land there.  Exit status: 0 when every property held, 1 when one failed,
+2 for a usage error or anything else pytest reports (interrupted, internal
+error, no test collected).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+from fa2_verify.properties import profiles
+
+#: pytest exit codes that mean "the kernel passed" and "the kernel failed".
+_PASSED, _FAILED = 0, 1
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "suite",
+        help="run the property suite (Hypothesis, against the golden) on a kernel",
+        description="Run the property suite on a kernel; arguments after -- go to pytest (e.g. -- -n 2 -k dq).",
+    )
+    parser.add_argument("--kernel", required=True, metavar="NAME", help="bundled short name or module:attr")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    parser.add_argument("--profile", default="dev", choices=list(profiles.PROFILES), help="Hypothesis profile (default: dev)")
+    parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes to draw (default: all the kernel supports)")
+    parser.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="passed to pytest unchanged")
+    parser.set_defaults(handler=handle)
+
+
+def pytest_arguments(args) -> list[str]:
+    """The pytest command line ``args`` stand for."""
+    from fa2_verify import properties
+    command = [
+        str(pathlib.Path(properties.__file__).parent),
+        f"--rootdir={pathlib.Path.cwd()}",
+        f"--fa2-kernel={args.kernel}",
+        f"--fa2-device={args.device}",
+        f"--fa2-profile={args.profile}",
+    ]
+    if args.dtypes:
+        command.append(f"--fa2-dtypes={args.dtypes}")
+    return command + list(args.pytest_args)
+
+
+def handle(args) -> int:
+    status = subprocess.run([sys.executable, "-m", "pytest", *pytest_arguments(args)], check=False).returncode
+    return status if status in (_PASSED, _FAILED) else 2

@@ -1,0 +1,52 @@
+"""The ``fa2-verify`` command line.
+
+Each subcommand lives in its own module under :mod:`cli.commands` and
+exposes ``add_parser(subparsers)`` (registering itself with
+``set_defaults(handler=...)``).  A :class:`~core.errors.Fa2VerifyError` is
+printed as one line and exits 2; a kernel that fails verification exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from fa2_verify.core.errors import Fa2VerifyError
+
+#: Subcommand modules, in the order ``--help`` lists them.
+COMMAND_MODULES: tuple[str, ...] = (
+    "fa2_verify.cli.commands.kernels",
+    "fa2_verify.cli.commands.run",
+    "fa2_verify.cli.commands.repro",
+    "fa2_verify.cli.commands.baseline",
+    "fa2_verify.cli.commands.gate",
+    "fa2_verify.cli.commands.corpus",
+    "fa2_verify.cli.commands.report",
+    "fa2_verify.cli.commands.bench",
+    "fa2_verify.cli.commands.suite",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fa2-verify",
+        description="Verify FlashAttention-2 kernels against a high-precision mpmath golden.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except Fa2VerifyError as exc:
+        print(f"fa2-verify: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""The leaf layer of fa2-verify: what every other layer shares, importing nothing else of the project.
+
+``errors`` (the one error hierarchy), ``contract`` (the kernel contract and
+:class:`~fa2_verify.core.contract.Capabilities`), ``case`` (the case record,
+:class:`~fa2_verify.core.case.CaseSpec`) and ``values`` (the seeded value
+generators a case is built from).  The layers above it, each importing only
+downwards (docs/design.md, "Layers"): ``kernels`` and ``golden``; ``verify``;
+``properties``; ``cli``.
+"""

@@ -1,0 +1,333 @@
+"""Catalog of value generators: how the entries of q, k, v and dout are drawn.
+
+Each generator is a plain, seeded function so that a case is reproducible from
+its spec alone (the gate corpus stores only specs).  Hypothesis strategies in
+:mod:`properties` choose a generator name and a seed; they never draw tensor
+entries one by one.  Adversarial generators document the bug class they target.
+
+A generator takes the case spec and a ``torch.Generator`` (CPU) and returns
+float64 tensors ``(q, k, v, dout)`` in contract layout; the caller rounds them
+to the case dtype, so the golden sees exactly what the kernel sees.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+if TYPE_CHECKING:
+    from fa2_verify.core.case import CaseSpec
+
+Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Generator = Callable[["CaseSpec", torch.Generator], Tensors]
+
+GENERATORS: dict[str, Generator] = {}
+
+
+def register(name: str) -> Callable[[Generator], Generator]:
+    """Decorator adding a generator to :data:`GENERATORS` under ``name``."""
+
+    def add(function: Generator) -> Generator:
+        if name in GENERATORS:
+            raise ValueError(f"value generator {name!r} is registered twice")
+        GENERATORS[name] = function
+        return function
+
+    return add
+
+
+def shapes(spec: "CaseSpec") -> tuple[tuple[int, ...], ...]:
+    """Shapes of (q, k, v, dout) in contract layout."""
+    q = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    kv = (spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim)
+    return q, kv, kv, q
+
+
+def _draw(spec: "CaseSpec", rng: torch.Generator, sample: Callable[[tuple[int, ...]], torch.Tensor]) -> Tensors:
+    return tuple(sample(shape) for shape in shapes(spec))  # type: ignore[return-value]
+
+
+@register("normal")
+def normal(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Standard normal entries: the usual benign case."""
+    return _draw(spec, rng, lambda shape: torch.randn(shape, generator=rng, dtype=torch.float64))
+
+
+@register("uniform")
+def uniform(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Uniform on [-1, 1): bounded logits, no outliers."""
+    return _draw(spec, rng, lambda shape: 2 * torch.rand(shape, generator=rng, dtype=torch.float64) - 1)
+
+
+def generate(spec: "CaseSpec") -> Tensors:
+    """Draw the float64 inputs of ``spec`` from its generator and seed."""
+    try:
+        generator = GENERATORS[spec.generator]
+    except KeyError:
+        from fa2_verify.core.errors import UsageError
+
+        raise UsageError(
+            f"generator={spec.generator!r} is not a value generator: use one of {', '.join(sorted(GENERATORS))}"
+        ) from None
+    rng = torch.Generator().manual_seed(spec.seed)
+    return generator(spec, rng)
+
+
+# Scaled families and adversarial generators.
+#
+# The adversarial generators build scores with a designed structure: a unit
+# direction ``u`` per (batch, kv head), queries ``q_i = a_i u + n_i`` and keys
+# ``k_j = c_j u + m_j``, so that ``softmax_scale * q_i . k_j`` is close to
+# ``softmax_scale * a_i * c_j`` (FA2 paper, Algorithm 1 line 8: S = Q K^T).
+# Sizes are chosen from the case dtype (torch.finfo), so that every input and
+# every exact output stays finite in that dtype: an overflow the golden does
+# not have is then always the kernel's.
+
+_FLOAT64 = torch.float64
+
+
+def _finfo(spec: "CaseSpec") -> torch.finfo:
+    return torch.finfo(spec.torch_dtype)
+
+
+def _directions(spec: "CaseSpec", rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit vectors per (batch, kv head): ``(u_q, u_kv)`` broadcastable against q and k."""
+    u = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
+    u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    return u.repeat_interleave(spec.heads_q // spec.heads_kv, dim=2), u
+
+
+def _orthogonal_noise(shape: tuple[int, ...], u: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+    """Standard normal noise with its component along ``u`` removed."""
+    noise = torch.randn(shape, generator=rng, dtype=_FLOAT64)
+    return noise - (noise * u).sum(dim=-1, keepdim=True) * u
+
+
+def _uniform(shape: tuple[int, ...], rng: torch.Generator, low: float, high: float) -> torch.Tensor:
+    return low + (high - low) * torch.rand(shape, generator=rng, dtype=_FLOAT64)
+
+
+def _scaled(base: Generator, factor: float, doc: str) -> Generator:
+    def scaled(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+        return tuple(factor * tensor for tensor in base(spec, rng))  # type: ignore[return-value]
+
+    scaled.__doc__ = doc
+    return scaled
+
+
+#: Powers of two the ``normal`` and ``uniform`` families are scaled by.  Small
+#: factors make near-uniform softmax rows and tiny outputs; large ones make
+#: peaked rows whose scores reach the hundreds.
+SCALE_EXPONENTS: tuple[int, ...] = (-8, -4, 2, 3)
+
+for _exponent in SCALE_EXPONENTS:
+    for _base_name, _base in (("normal", normal), ("uniform", uniform)):
+        register(f"{_base_name}-x2^{_exponent}")(
+            _scaled(
+                _base,
+                2.0**_exponent,
+                f"``{_base_name}`` times 2^{_exponent}: the same benign case at another magnitude "
+                "(bug class: a hard-coded epsilon or clamp that is only right at unit scale).",
+            )
+        )
+
+
+@register("exp-overflow")
+def exp_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Scores whose row maximum lies in [60, 87], just below ln(float32 max) = 88.72.
+
+    Bug class: exponentiating a score without subtracting the running row
+    maximum first (FA2 Algorithm 1 line 9 computes exp(S - m)); exp(88.8)
+    already overflows float32, and exp(11.1) overflows float16, so such a
+    kernel returns inf or NaN here while the golden is finite.
+    """
+    u_q, u_kv = _directions(spec, rng)
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    top = _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 60.0, 87.0)
+    row_gain = (top / spec.scale).sqrt()
+    key_fraction = _uniform((spec.batch, spec.seqlen_k, spec.heads_kv, 1), rng, 0.5, 0.95)
+    if spec.seqlen_k:
+        peak = torch.randint(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1), generator=rng)
+        key_fraction.scatter_(1, peak, 1.0)
+    key_gain = key_fraction * (87.0 / spec.scale) ** 0.5
+    noise = 0.5 / (87.0 / spec.scale) ** 0.5
+    q = row_gain * u_q + noise * _orthogonal_noise(q_shape, u_q, rng)
+    k = key_gain * u_kv + noise * _orthogonal_noise(k_shape, u_kv, rng)
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("dtype-overflow")
+def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Unscaled scores q.k up to 0.9 of float16's largest value (65504), keys well separated.
+
+    Bug class: keeping S = Q K^T, or the scaled scores, in the input dtype
+    before the softmax (FA2 keeps S in float32, Algorithm 1 line 8), or folding
+    softmax_scale * log2(e) into q in float16.  Either overflows to inf on
+    these inputs.  Keys are 16 to 32 apart in scaled score (less when a tiny
+    scale and many keys would leave a key with under half the largest gain),
+    far more than the rounding of q and k to float16 moves a score, so a
+    correct float32 softmax is well conditioned despite the scores' size.
+    """
+    u_q, u_kv = _directions(spec, rng)
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    ceiling = 0.9 * min(torch.finfo(torch.float16).max, _finfo(spec).max)
+    row_gain = _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 0.5, 1.0) * ceiling**0.5
+    rank = torch.rand((spec.batch, spec.seqlen_k, spec.heads_kv, 1), generator=rng).argsort(dim=1)
+    step = min(32.0 / (spec.scale * ceiling**0.5), ceiling**0.5 / (2 * max(spec.seqlen_k, 1)))
+    key_gain = ceiling**0.5 - step * rank.to(_FLOAT64)
+    q = row_gain * u_q
+    k = key_gain * u_kv
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("rescale-storm")
+def rescale_storm(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Scores rise with every key index, so the row max rises in every key block.
+
+    Keys are ``k_j = c_j u`` with ``c_j`` increasing in ``j``; each query row has
+    a gain that makes its total rise over the keys either small (1/16 to 1) or
+    large (8 to 40).  Every step of the online softmax then finds a new maximum
+    and must rescale its accumulators by exp(m_old - m_new) (FA2 Algorithm 1
+    lines 9-10), by factors just below 1 on some rows and far below 1 on
+    others.  Bug class: a skipped, doubled or misplaced rescale, or one applied
+    to only one of the accumulators (O or l).
+    """
+    u_q, u_kv = _directions(spec, rng)
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    positions = torch.arange(spec.seqlen_k, dtype=_FLOAT64)
+    ramp = positions / max(spec.seqlen_k - 1, 1)
+    key_gain = ramp.view(1, -1, 1, 1).expand(spec.batch, spec.seqlen_k, spec.heads_kv, 1)
+    large = torch.rand((spec.batch, spec.seqlen_q, spec.heads_q, 1), generator=rng) < 0.5
+    rise = torch.where(
+        large,
+        _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 8.0, 40.0),
+        _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 1.0 / 16, 1.0),
+    )
+    q = (rise / spec.scale) * u_q + 0.25 * _orthogonal_noise(q_shape, u_q, rng)
+    k = key_gain * u_kv
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("exact-ties")
+def exact_ties(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Many keys with bit-identical scores: keys repeat one or two rows of small integers.
+
+    q and k hold integers in [-2, 2] (exact in every dtype), keys are copies of
+    at most two distinct rows, and a quarter of the query rows are zero, which
+    makes all their scores equal.  Bug class: max or argmax logic that treats
+    equal scores specially (a strict comparison that skips the update, a
+    tie-break that drops a key), and kernels that count keys instead of
+    summing their weights.
+    """
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    q = torch.randint(-2, 3, q_shape, generator=rng).to(_FLOAT64)
+    q = q * (torch.rand(q_shape[:-1] + (1,), generator=rng) >= 0.25)
+    pool = torch.randint(-2, 3, (spec.batch, 2, spec.heads_kv, spec.head_dim), generator=rng).to(_FLOAT64)
+    pick = torch.randint(2, (spec.batch, spec.seqlen_k, spec.heads_kv, 1), generator=rng)
+    k = torch.gather(pool, 1, pick.expand(k_shape))
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("dominant-key")
+def dominant_key(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """One key per (batch, kv head) scores 10 to 60 above every other key of the row.
+
+    Softmax rows are then one-hot up to e^-10 .. e^-60, which underflows in
+    float16.  The dominant key sits at a random position (often in a late key
+    block, so the accumulated O must be rescaled to almost nothing).
+    Bug class: a wrong rescale when the maximum jumps (FA2 Algorithm 1 line
+    10), normalisation by a stale l, and backward cancellation in
+    dS = P (dP - D) when P is nearly one-hot.
+    """
+    u_q, u_kv = _directions(spec, rng)
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    q = u_q + 0.2 * _orthogonal_noise(q_shape, u_q, rng)
+    k = 0.5 * torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
+    if spec.seqlen_k:
+        gap = _uniform((spec.batch, 1, spec.heads_kv, 1), rng, 10.0, 60.0)
+        position = torch.randint(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1), generator=rng)
+        k.scatter_(1, position.expand(-1, -1, -1, spec.head_dim), (gap / spec.scale) * u_kv)
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("v-dynamic-range")
+def v_dynamic_range(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """V entries ``±2^e`` with ``e`` spread over 2^20 (float16) or 2^80 (wider dtypes).
+
+    The exponent range is kept small enough that dP = dO V^T and the exact
+    gradients stay finite in the dtype.  Bug class: accumulating P V in the
+    input dtype, normalising O by l before the sum is complete, or an error
+    that is only visible relative to the large entries of V (FA2 Algorithm 1
+    line 10, O = diag(e^(m_old - m_new)) O + P V).
+    """
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    low, high = (-14.0, 6.0) if _finfo(spec).max < 1e5 else (-40.0, 40.0)
+    exponent = _uniform(v_shape, rng, low, high).floor()
+    sign = torch.randint(2, v_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    mantissa = _uniform(v_shape, rng, 1.0, 2.0)
+    v = sign * mantissa * torch.exp2(exponent)
+    q = torch.randn(q_shape, generator=rng, dtype=_FLOAT64)
+    k = torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+@register("subnormals")
+def subnormals(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Half of all q, k, v, dout entries are subnormal in the dtype, the rest normal.
+
+    Some V rows are entirely subnormal, so whole output rows are tiny.
+    Bug class: flushing subnormal float16 inputs or results to zero (FTZ/DAZ),
+    which loses those rows and their gradients entirely, and scale factors
+    computed from a row's magnitude that divide by zero.  (Below float32's
+    smallest normal, 2^-126, the error model allows flushing, as GPU float32
+    arithmetic does: docs/error-model.md, "Underflow in the float32
+    accumulation".)
+    """
+    info = _finfo(spec)
+    tiny = info.tiny
+
+    def sample(shape: tuple[int, ...]) -> torch.Tensor:
+        normal_entries = torch.randn(shape, generator=rng, dtype=_FLOAT64)
+        subnormal_entries = _uniform(shape, rng, -1.0, 1.0) * tiny
+        use_subnormal = torch.rand(shape, generator=rng) < 0.5
+        return torch.where(use_subnormal, subnormal_entries, normal_entries)
+
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    v = sample(v_shape)
+    tiny_rows = torch.rand(v_shape[:-1] + (1,), generator=rng) < 0.25
+    v = torch.where(tiny_rows, _uniform(v_shape, rng, -1.0, 1.0) * tiny, v)
+    return sample(q_shape), sample(k_shape), v, sample(dout_shape)
+
+
+@register("dp-cancellation")
+def dp_cancellation(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """dO and V chosen so that dP_ij = dO_i . V_j is nearly the same for every key.
+
+    V rows are a common vector ``w`` plus a relative perturbation of 2^-9 to
+    2^-4, and dO rows are nearly parallel to ``w``; then D_i = rowsum(dO_i * O_i)
+    = sum_j P_ij dP_ij matches every dP_ij to several digits and
+    dS = P (dP - D) (FA2 Algorithm 2, lines 19-20) is a catastrophic
+    cancellation.  Bug class: D computed in low precision, from a different O
+    than the forward returned, or with the wrong sign or scale.
+    """
+    u_q, u_kv = _directions(spec, rng)
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    common = 4.0 * u_kv
+    spread = torch.exp2(_uniform((spec.batch, 1, spec.heads_kv, 1), rng, -9.0, -4.0))
+    v = common + 4.0 * spread * torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = 2.0 * u_q + 0.05 * _orthogonal_noise(dout_shape, u_q, rng)
+    q = torch.randn(q_shape, generator=rng, dtype=_FLOAT64)
+    k = torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout

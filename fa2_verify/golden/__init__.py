@@ -1,0 +1,25 @@
+"""mpmath high-precision golden attention (forward and backward), its certified fast path and cache.
+
+Public API: :class:`GoldenOptions`, :func:`compute`, :class:`GoldenResult`
+(:mod:`golden.api`, :mod:`golden.options`).  Importing the package is cheap:
+they load on first use, so e.g. :mod:`golden.cache` can be used without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fa2_verify.golden.api import GoldenResult, compute
+    from fa2_verify.golden.options import GoldenOptions
+
+__all__ = ["GoldenOptions", "GoldenResult", "compute"]
+
+_HOMES = {"GoldenOptions": "fa2_verify.golden.options", "GoldenResult": "fa2_verify.golden.api", "compute": "fa2_verify.golden.api"}
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module 'golden' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

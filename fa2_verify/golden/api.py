@@ -1,0 +1,145 @@
+"""``golden.compute``: the high-precision expected outputs of one attention case."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from fa2_verify.golden import cache, certify, fast, mp
+from fa2_verify.golden.inputs import Problem, prepare, to_contract
+from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
+from fa2_verify.core.contract import effective_window
+from fa2_verify.core.errors import GoldenError, UsageError
+
+OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+
+
+@dataclasses.dataclass(frozen=True)
+class GoldenResult:
+    """Expected outputs, float64 CPU tensors, never rounded to the kernel's dtype.
+
+    ``out``, ``dq``: q's shape; ``dk``, ``dv``: k's shape; ``lse``, ``delta``:
+    (batch, heads_q, seqlen_q), ``lse = -inf`` on rows that see no key.
+    ``delta = rowsum(dout * out)``.  The backward fields are ``None`` when no
+    ``dout`` was given.  ``method`` is ``"mpmath"`` or ``"fast"``;
+    ``certified_bound[name]`` is, for the fast path, the largest
+    ``|fast - mpmath|`` on the sampled rows over the largest ``|mpmath| + M``
+    there, ``M`` being the magnitude of the terms the element sums
+    (:mod:`golden.certify`); it is 0.0 for mpmath.
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor | None
+    dq: torch.Tensor | None
+    dk: torch.Tensor | None
+    dv: torch.Tensor | None
+    method: str
+    certified_bound: dict[str, float]
+
+
+def compute(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor | None = None,
+    *,
+    softmax_scale: float,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    options: GoldenOptions = GoldenOptions(),
+) -> GoldenResult:
+    """The golden of one case, taking the kernel's inputs exactly.
+
+    With ``S = softmax_scale * q k^T`` over the visible keys (bottom-right
+    aligned causal/window mask, :func:`core.contract.visible_mask`) and
+    query head ``h`` reading kv head ``h // (heads_q // heads_kv)``
+    (Dao 2023, "FlashAttention-2", Algorithm 1 forward, Algorithm 2 backward):
+
+        LSE = log rowsum(exp S),  P = exp(S - LSE),  out = P v,
+        D = rowsum(dout o out),   dP = dout v^T,     dS = P o (dP - D),
+        dq = scale dS k,          dk = scale dS^T q, dv = P^T dout,
+
+    ``dk``/``dv`` summed over the query heads that share a kv head.  A row that
+    sees no key has ``out = 0``, ``dq = 0``, ``lse = -inf``.  ``q``, ``k``, ``v``,
+    ``dout`` are contract-layout tensors of any float dtype and device.
+    ``options.method`` picks mpmath (:mod:`golden.mp`) or the certified fast path
+    (:mod:`golden.fast`, :mod:`golden.certify`); ``"auto"`` falls back to mpmath
+    when the fast path fails certification on a case of at most
+    ``AUTO_FALLBACK_MAX_WORK``; results are read from and
+    written to the cache (:mod:`golden.cache`) when ``options.resolved_cache_dir()``
+    names one.
+    """
+    if not isinstance(options, GoldenOptions):
+        raise UsageError(f"options={options!r} is not a GoldenOptions: pass golden.GoldenOptions(...)")
+    problem = prepare(q, k, v, dout, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    method = options.resolved_method(problem.work)
+    entry_key = _key(problem, options, method)
+    shapes = _shapes(problem)
+    cache_dir = options.resolved_cache_dir()
+    stored = cache.load(cache_dir, entry_key, shapes) if cache_dir is not None else None
+    if stored is not None:
+        arrays, meta = stored
+        return _result(arrays, meta["method"], meta["certified_bound"])
+    if method == "mpmath":
+        arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
+        bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
+    else:
+        served = fast.attention(problem)
+        seed = int(entry_key[:16], 16)
+        try:
+            bounds = certify.certify(
+                problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=seed
+            )
+            arrays = {name: getattr(served, name) for name in shapes}
+        except GoldenError:
+            if options.method != "auto" or problem.work > AUTO_FALLBACK_MAX_WORK:
+                raise
+            method = "mpmath"
+            arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
+            bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
+    if cache_dir is not None:
+        cache.store(cache_dir, entry_key, arrays, {"method": method, "certified_bound": bounds})
+    return _result(arrays, method, bounds)
+
+
+def _key(problem: Problem, options: GoldenOptions, method: str) -> str:
+    tensors = {name: getattr(problem, name) for name in ("q", "k", "v", "dout")}
+    dtypes = dict(zip(("q", "k", "v", "dout"), problem.dtypes))
+    settings = {
+        "softmax_scale": problem.scale.hex(),
+        "window": list(effective_window(problem.causal, problem.window_size)),
+        "precision_bits": options.precision_bits,
+        "method": method,
+        "certify_rows": options.certify_rows if method == "fast" else None,
+    }
+    return cache.key({name: (dtypes[name], t) if t is not None else None for name, t in tensors.items()}, settings)
+
+
+def _shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
+    rows = problem.q.shape[:3]
+    shapes = {"out": problem.q.shape, "lse": rows}
+    if problem.dout is not None:
+        shapes.update(delta=rows, dq=problem.q.shape, dk=problem.k.shape, dv=problem.v.shape)
+    return shapes
+
+
+def _result(arrays: dict[str, np.ndarray], method: str, bounds: dict[str, float]) -> GoldenResult:
+    def tensor(name: str) -> torch.Tensor | None:
+        if name not in arrays:
+            return None
+        array = arrays[name]
+        return to_contract(array) if array.ndim == 4 else torch.from_numpy(np.ascontiguousarray(array))
+
+    return GoldenResult(
+        out=tensor("out"),
+        lse=tensor("lse"),
+        delta=tensor("delta"),
+        dq=tensor("dq"),
+        dk=tensor("dk"),
+        dv=tensor("dv"),
+        method=method,
+        certified_bound={name: float(bounds[name]) for name in OUTPUTS if name in bounds},
+    )

@@ -1,0 +1,167 @@
+"""Validate the golden's inputs and take them exactly as float64, head-major arrays.
+
+Every kernel input dtype (float16, bfloat16, float32, float64) converts to
+float64 without rounding, so the golden sees exactly what the kernel saw.
+Arrays are stored head-major, ``(batch, heads, seqlen, head_dim)``, so one
+head's rows are contiguous; :func:`to_contract` turns a result back into the
+contract layout ``(batch, seqlen, heads, head_dim)`` (docs/design.md, "The
+kernel contract").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+
+import numpy as np
+import torch
+
+from fa2_verify.core.contract import UNBOUNDED, dtype_name, effective_window, visible_mask
+from fa2_verify.core.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One attention problem, inputs exact in float64.
+
+    ``q``, ``dout``: (batch, heads_q, seqlen_q, head_dim); ``k``, ``v``:
+    (batch, heads_kv, seqlen_k, head_dim); ``dout`` is ``None`` for a forward-only
+    golden.  ``mask[i, j]`` is True where query ``i`` sees key ``j``
+    (:func:`core.contract.visible_mask`, bottom-right aligned).  ``dtypes``
+    names the dtypes the inputs arrived in (part of the cache key).
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dout: np.ndarray | None
+    scale: float
+    causal: bool
+    window_size: tuple[int, int]
+    mask: np.ndarray
+    dtypes: tuple[str, ...]
+
+    @property
+    def batch(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def heads_q(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def heads_kv(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def seqlen_q(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def seqlen_k(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[3]
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head: query head ``h`` reads kv head ``h // group``."""
+        return self.heads_q // self.heads_kv
+
+    @property
+    def work(self) -> int:
+        """``batch * heads_q * seqlen_q * seqlen_k * head_dim``: the cost unit of the golden."""
+        return self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
+
+
+def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> Problem:
+    """Check the arguments of :func:`golden.compute` and build the exact :class:`Problem`."""
+    for name, tensor in (("q", q), ("k", k), ("v", v)) + ((("dout", dout),) if dout is not None else ()):
+        _check_tensor(name, tensor)
+    if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise UsageError(
+            f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)} differ in batch or head_dim: "
+            "use q (batch, seqlen_q, heads_q, head_dim) and k (batch, seqlen_k, heads_kv, head_dim)"
+        )
+    if v.shape != k.shape:
+        raise UsageError(f"v.shape={tuple(v.shape)} differs from k.shape={tuple(k.shape)}: v must have k's shape")
+    if q.shape[2] % k.shape[2]:
+        raise UsageError(
+            f"heads_q={q.shape[2]} is not a multiple of heads_kv={k.shape[2]}: GQA/MQA needs heads_q = n * heads_kv"
+        )
+    if dout is not None and dout.shape != q.shape:
+        raise UsageError(
+            f"dout.shape={tuple(dout.shape)} differs from q.shape={tuple(q.shape)}: dout must have q's shape"
+        )
+    scale = _check_scale(softmax_scale)
+    if not isinstance(causal, bool):
+        raise UsageError(f"causal={causal!r} is not a bool: pass True or False")
+    window = _check_window(window_size)
+    seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+    mask = visible_mask(seqlen_q, seqlen_k, causal=causal, window_size=window).numpy()
+    tensors = (q, k, v) + ((dout,) if dout is not None else ())
+    arrays = [_head_major(name, t) for name, t in zip(("q", "k", "v", "dout"), tensors)]
+    return Problem(
+        q=arrays[0],
+        k=arrays[1],
+        v=arrays[2],
+        dout=arrays[3] if dout is not None else None,
+        scale=scale,
+        causal=causal,
+        window_size=window,
+        mask=mask,
+        dtypes=tuple(dtype_name(t.dtype) for t in tensors),
+    )
+
+
+def to_contract(array: np.ndarray) -> torch.Tensor:
+    """(batch, heads, seqlen, head_dim) float64 array -> contract-layout float64 CPU tensor."""
+    return torch.from_numpy(np.ascontiguousarray(array.transpose(0, 2, 1, 3)))
+
+
+def _check_tensor(name: str, tensor) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise UsageError(f"{name} is a {type(tensor).__name__}, not a torch.Tensor: pass the kernel's input tensor")
+    if tensor.dim() != 4:
+        raise UsageError(
+            f"{name}.shape={tuple(tensor.shape)} is not 4-D: use the contract layout (batch, seqlen, heads, head_dim)"
+        )
+    if not tensor.dtype.is_floating_point:
+        raise UsageError(
+            f"{name}.dtype={tensor.dtype} is not a real floating dtype: use float16, bfloat16, float32 or float64"
+        )
+    if tensor.shape[0] < 1 or tensor.shape[2] < 1 or tensor.shape[3] < 1:
+        raise UsageError(f"{name}.shape={tuple(tensor.shape)} has an empty batch, heads or head_dim: each must be >= 1")
+
+
+def _check_scale(softmax_scale) -> float:
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise UsageError(f"softmax_scale={softmax_scale!r} is not a real number: pass e.g. 1/sqrt(head_dim)")
+    scale = float(softmax_scale)
+    if not math.isfinite(scale):
+        raise UsageError(f"softmax_scale={softmax_scale!r} is not finite: pass e.g. 1/sqrt(head_dim)")
+    return scale
+
+
+def _check_window(window_size) -> tuple[int, int]:
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(isinstance(w, int) and not isinstance(w, bool) and w >= UNBOUNDED for w in window_size)
+    ):
+        raise UsageError(
+            f"window_size={window_size!r} is not a (left, right) pair of ints >= -1: use -1 for an unbounded side"
+        )
+    return effective_window(False, tuple(window_size))
+
+
+def _head_major(name: str, tensor: torch.Tensor) -> np.ndarray:
+    """The exact float64 copy, head-major; a NaN or infinity is reported by its contract-layout index."""
+    exact = tensor.detach().to(device="cpu", dtype=torch.float64).numpy()
+    if not np.isfinite(exact).all():
+        index = [int(i) for i in np.argwhere(~np.isfinite(exact))[0]]
+        raise UsageError(f"{name}{index}={exact[tuple(index)]} is not finite: the golden needs finite inputs")
+    return np.ascontiguousarray(exact.transpose(0, 2, 1, 3))

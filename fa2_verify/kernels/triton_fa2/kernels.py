@@ -1,0 +1,576 @@
+"""Triton kernels of FlashAttention-2 (Dao 2023, Algorithms 1 and 2).
+
+Nothing here is called directly: :mod:`kernels.triton_fa2.launch` checks the
+arguments, allocates the outputs and launches.  Importing this module compiles
+nothing; Triton compiles each variant on its first launch.
+
+Notation.  ``c = softmax_scale * LOG2E`` folds the softmax scale into the
+base-2 exponent, so ``exp(scale * s - lse) = exp2(c * s - lse * LOG2E)``; the
+kernels keep row maxima and log-sum-exps in that log2 domain and convert the
+stored LSE back to the natural log.  Masks are bottom-right aligned: with
+``shift = seqlen_k - seqlen_q``, query ``i`` sees key ``j`` iff
+``i + shift - left <= j <= i + shift + right`` (a bound of -1 is absent) and
+``j < seqlen_k``.
+
+Forward, one program per (query tile of BLOCK_M rows, query head, batch)::
+
+    m = -inf; l = 0; acc = 0                       # row max (log2), row sum, unnormalised out
+    for each key tile K_j, V_j the rows can see:   # Algorithm 1, lines 6-10
+        s = q @ K_j^T                              # masked to -inf outside the window
+        m_new = max(m, c * rowmax(s))
+        p = exp2(c * s - m_new)
+        alpha = exp2(m - m_new)                    # rescale what was accumulated so far
+        l = alpha * l + rowsum(p);  acc = alpha * acc + p @ V_j;  m = m_new
+    out = acc / l                                  # deferred normalisation, line 12
+    lse = (m + log2 l) * LN2                       # natural log, line 13
+    # a row that sees no key: l = 0 -> out = 0, lse = +inf
+
+Backward.  ``delta_i = rowsum(dout_i * out_i)`` first (preprocess), then one
+program per (key tile of BLOCK_N keys, kv head, batch)::
+
+    dk = dv = 0
+    for each query head h of the kv head's group, each query tile Q_i it is seen by:   # Algorithm 2
+        p^T = exp2(c * (k @ Q_i^T) - lse_i * LOG2E)      # recomputed from the LSE, lines 11-13
+        dv += p^T @ dO_i                                 # line 16
+        dp^T = v @ dO_i^T                                # line 17
+        ds^T = p^T * (dp^T - delta_i)                    # line 19
+        dk += ds^T @ Q_i                                 # line 21
+        dq_i += scale * ds @ k   (fp32 atomic add)       # line 20, skipped when deterministic
+    dk *= scale
+
+and, for a deterministic backward, a separate dQ pass with one program per
+query tile, looping over key tiles in a fixed order::
+
+    dq = scale * sum_j (p_ij * (dO_i @ V_j^T - delta_i)) @ K_j
+
+Every loop over tiles is split in three ranges (:func:`_tile_ranges`): the
+tiles cut by the mask or the sequence end, which are masked, and the tiles
+every row sees whole, which skip the mask arithmetic.  Tiles are loaded with
+pointers and masks, or (``USE_TMA``) through TMA tensor descriptors made in
+the kernel and bounded by each sequence and head_dim (:func:`_source`).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+
+#: The interpret mode these kernels were decorated under (see environment.py).
+INTERPRET: bool = interpret_requested()
+
+#: Integer arguments Triton must not specialize on.  By default it compiles a
+#: variant for each integer argument that equals 1 or is a multiple of 16.  For
+#: sequence lengths, the GQA group, the window bounds and the LSE strides (which
+#: are sequence lengths) that buys nothing, because they only bound masks and
+#: loops, but it multiplies the compiles of a property run that draws a new shape
+#: for every example.  The strides of the (seqlen, heads, head_dim) tensors stay
+#: specialized, because a multiple of 16 there proves the alignment that
+#: vectorized loads need.
+_SIZE_ARGS = ("seqlen_q", "seqlen_k", "group", "left", "right", "stride_lb", "stride_lh")
+#: The backward keeps ``group`` specialized: its key-tile programs loop over the
+#: group's query heads, and a group of 1 known at compile time is what lets that
+#: loop pipeline well (fwd+bwd fell from 1.21x to 0.83x of PyTorch's without it).
+_BACKWARD_SIZE_ARGS = tuple(name for name in _SIZE_ARGS if name != "group")
+
+LOG2E: tl.constexpr = tl.constexpr(1.4426950408889634)
+LN2: tl.constexpr = tl.constexpr(0.6931471805599453)
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+POS_INF: tl.constexpr = tl.constexpr(float("inf"))
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _tile_ranges(first, last, extent, lower_offset, upper_offset,
+                 HAS_LOWER: tl.constexpr, HAS_UPPER: tl.constexpr, BLOCK: tl.constexpr):
+    """Tiles of ``t in [0, extent)`` seen from anchors ``a in [first, last]``.
+
+    ``t`` is seen from ``a`` iff ``a + lower_offset <= t <= a + upper_offset``
+    (each bound only when present).  Returns ``(lo, mid_lo, mid_hi, hi)``:
+    tiles from ``lo`` to ``hi`` hold every ``t`` seen from some anchor;
+    tiles in ``[mid_lo, mid_hi)`` are whole, inside ``extent``, and seen from
+    every anchor, so they need no mask.  ``lo``, ``mid_lo`` and ``mid_hi``
+    are multiples of BLOCK (or equal ``hi``).
+    """
+    lo = 0
+    full_lo = 0
+    hi = extent
+    full_hi = extent
+    if HAS_LOWER:
+        lo = tl.maximum(first + lower_offset, 0)
+        full_lo = tl.maximum(last + lower_offset, 0)
+    if HAS_UPPER:
+        hi = tl.minimum(tl.maximum(last + upper_offset + 1, 0), extent)
+        full_hi = tl.minimum(tl.maximum(first + upper_offset + 1, 0), extent)
+    lo = lo // BLOCK * BLOCK
+    hi = tl.maximum(hi, lo)
+    full_lo = (full_lo + BLOCK - 1) // BLOCK * BLOCK
+    full_hi = full_hi // BLOCK * BLOCK
+    mid_lo = tl.minimum(full_lo, hi)
+    mid_hi = tl.maximum(tl.minimum(full_hi, hi), mid_lo)
+    return lo, mid_lo, mid_hi, hi
+
+
+@triton.jit
+def _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right,
+             HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """Bool tile: query ``rows[:, None]`` sees key ``cols[None, :]`` (rows past the end only when CHECK_ROWS)."""
+    diagonal = rows[:, None] + shift
+    visible = cols[None, :] < seqlen_k
+    if CHECK_ROWS:
+        visible = visible & (rows[:, None] < seqlen_q)
+    if HAS_LEFT:
+        visible = visible & (cols[None, :] >= diagonal - left)
+    if HAS_RIGHT:
+        visible = visible & (cols[None, :] <= diagonal + right)
+    return visible
+
+
+@triton.jit
+def _sequence(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
+    """(start row, length) of sequence ``b``: packed via ``cu_seqlens`` or dense."""
+    if VARLEN:
+        start = tl.load(cu_seqlens + b)
+        length = tl.load(cu_seqlens + b + 1) - start
+    else:
+        start = tl.full([], 0, tl.int32)
+        length = seqlen
+    return start, length
+
+
+@triton.jit
+def _query_tile_start(seqlen_q, BLOCK_M: tl.constexpr, LONGEST_FIRST: tl.constexpr):
+    """First row of this program's query tile (program axis 0), or -1 past the sequence's last tile.
+
+    With LONGEST_FIRST (a right bound, as in causal masks) the tiles run in reverse,
+    so the programs with the most visible keys start first and the tail is short.
+    """
+    pid_m = tl.program_id(0)
+    num_tiles = tl.cdiv(seqlen_q, BLOCK_M)
+    tile = pid_m
+    if LONGEST_FIRST:
+        tile = num_tiles - 1 - pid_m
+    return tl.where(pid_m < num_tiles, tile * BLOCK_M, -1)
+
+
+@triton.jit
+def _head_base(X, b, start, h, stride_b, stride_row, stride_h):
+    """Pointer to row ``start`` of head ``h`` of batch ``b`` in a (batch, rows, heads, head_dim) tensor (int64 offsets)."""
+    return X + b.to(tl.int64) * stride_b + start.to(tl.int64) * stride_row + h.to(tl.int64) * stride_h
+
+
+@triton.jit
+def _row_stats_base(X, b, start, h, stride_b, stride_h):
+    """Pointer to row ``start`` of head ``h`` of batch ``b`` in a (batch, heads, rows) fp32 row statistic (LSE, delta)."""
+    return X + b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h + start
+
+
+@triton.jit
+def _load_tile(base, rows, stride_row, offs_d, extent,
+               HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr):
+    """A (rows, BLOCK_D) tile; rows >= extent and columns >= HEAD_DIM read as 0."""
+    ptrs = base + rows[:, None].to(tl.int64) * stride_row + offs_d[None, :]
+    if CHECK_ROWS:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs, mask=rows[:, None] < extent, other=0.0)
+        else:
+            tile = tl.load(ptrs, mask=(rows[:, None] < extent) & (offs_d[None, :] < HEAD_DIM), other=0.0)
+    else:
+        if BLOCK_D == HEAD_DIM:
+            tile = tl.load(ptrs)
+        else:
+            tile = tl.load(ptrs, mask=offs_d[None, :] < HEAD_DIM, other=0.0)
+    return tile
+
+
+@triton.jit
+def _source(base, extent, stride_row,
+            HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+    """Where (rows, head_dim) tiles come from: a TMA tensor descriptor bounded by
+    (extent, HEAD_DIM), which zero-fills what lies outside, or the base pointer."""
+    if USE_TMA:
+        source = tl.make_tensor_descriptor(base, shape=[tl.maximum(extent, 1), HEAD_DIM], strides=[stride_row, 1],
+                                           block_shape=[BLOCK_ROWS, BLOCK_D])
+    else:
+        source = base
+    return source
+
+
+@triton.jit
+def _tile(source, start, rows, stride_row, offs_d, extent,
+          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, CHECK_ROWS: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows ``start + arange`` of a :func:`_source` (the rows are ``rows`` for pointer loads)."""
+    if USE_TMA:
+        tile = source.load([start, 0])
+    else:
+        tile = _load_tile(source, rows, stride_row, offs_d, extent, HEAD_DIM, BLOCK_D, CHECK_ROWS)
+    return tile
+
+
+# --------------------------------------------------------------------------- forward
+
+
+@triton.jit
+def _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
+                   rows, offs_n, offs_d, start, end,
+                   seqlen_q, seqlen_k, shift, left, right, qk_scale,
+                   HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                   MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
+    """Algorithm 1, lines 6-10, over key tiles ``[start, end)``."""
+    for n0 in tl.range(start, end, BLOCK_N):
+        cols = n0 + offs_n
+        # Stage 1: scores s = q k^T (fp32 accumulate).
+        k = _tile(k_src, n0, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        # Stage 2: online softmax in the log2 domain.
+        if MASKED:
+            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT, False)
+            s = tl.where(visible, s * qk_scale, NEG_INF)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_use = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet
+            p = tl.math.exp2(s - m_use[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            m_use = m_new
+            p = tl.math.exp2(s * qk_scale - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # Stage 3: rescale the accumulator and add p v.
+        v = _tile(v_src, n0, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        acc = acc * alpha[:, None]
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit(do_not_specialize=_SIZE_ARGS)
+def forward_kernel(
+    # pointers
+    Q, K, V, Out, Lse, cu_seqlens_q, cu_seqlens_k,
+    # strides (elements); the head_dim stride is 1
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_ob, stride_os, stride_oh,
+    stride_lb, stride_lh,
+    # sizes and mask
+    seqlen_q, seqlen_k, group, qk_scale, left, right,
+    # compile-time constants
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """out, lse for one (query tile, head, batch); grid (tiles, heads_q, batch)."""
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    h_kv = h // group
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
+    m0 = _query_tile_start(sq, BLOCK_M, HAS_RIGHT)
+    if m0 < 0:
+        return
+    shift = sk - sq
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = m0 + offs_m
+    q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
+
+    # Stage 0: the key tiles these rows see, split into masked / whole / masked.
+    row_last = tl.minimum(m0 + BLOCK_M, sq) - 1
+    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right,
+                                          HAS_LEFT, HAS_RIGHT, BLOCK_N)
+
+    q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    k_src = _source(k_base, sk, stride_ks, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    v_src = _source(v_base, sk, stride_vs, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    q = _tile(q_src, m0, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    m_i = tl.full([BLOCK_M], NEG_INF, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
+                                   rows, offs_n, offs_d, lo, mid_lo, sq, sk, shift, left, right, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
+                                   rows, offs_n, offs_d, mid_lo, mid_hi, sq, sk, shift, left, right, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    acc, m_i, l_i = _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
+                                   rows, offs_n, offs_d, mid_hi, hi, sq, sk, shift, left, right, qk_scale,
+                                   HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+
+    # Stage 4: deferred normalisation; rows that saw no key give 0 and lse = +inf.
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    inv_l = tl.where(seen, 1.0 / l_safe, 0.0)
+    out = acc * inv_l[:, None]
+    lse = tl.where(seen, (m_i + tl.math.log2(l_safe)) * LN2, POS_INF)
+    o_base = _head_base(Out, b, q_start, h, stride_ob, stride_os, stride_oh)
+    if USE_TMA:
+        o_src = _source(o_base, sq, stride_os, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        o_src.store([m0, 0], out.to(Out.dtype.element_ty))
+    else:
+        o_ptrs = o_base + rows[:, None].to(tl.int64) * stride_os + offs_d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))
+    l_ptrs = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh) + rows
+    tl.store(l_ptrs, lse, mask=rows < sq)
+
+
+# --------------------------------------------------------------------------- backward
+
+
+@triton.jit(do_not_specialize=("seqlen_q", "stride_lb", "stride_lh"))
+def backward_preprocess_kernel(
+    Out, DO, Delta, cu_seqlens_q,
+    stride_ob, stride_os, stride_oh,
+    stride_db, stride_ds, stride_dh,
+    stride_lb, stride_lh,
+    seqlen_q,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
+):
+    """delta = rowsum(dout * out) in fp32 (Algorithm 2, line 4); grid (tiles, heads_q, batch)."""
+    pid_m = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    if pid_m * BLOCK_M >= sq:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    o_base = _head_base(Out, b, q_start, h, stride_ob, stride_os, stride_oh)
+    do_base = _head_base(DO, b, q_start, h, stride_db, stride_ds, stride_dh)
+    out = _load_tile(o_base, rows, stride_os, offs_d, sq, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    dout = _load_tile(do_base, rows, stride_ds, offs_d, sq, HEAD_DIM, BLOCK_D, True).to(tl.float32)
+    delta = tl.sum(out * dout, 1)
+    tl.store(_row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh) + rows, delta, mask=rows < sq)
+
+
+@triton.jit
+def _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
+                       stride_qs, stride_dos, stride_dqs,
+                       cols, offs_m, offs_d, start, end,
+                       seqlen_q, seqlen_k, shift, left, right, qk_scale, softmax_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                       MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
+    """Algorithm 2, lines 8-21, for one key tile over query tiles ``[start, end)``."""
+    for m0 in tl.range(start, end, BLOCK_M):
+        rows = m0 + offs_m
+        # Stage 1: recompute p^T from the stored LSE (log2 domain).
+        q = _tile(q_src, m0, rows, stride_qs, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        if MASKED:
+            lse2 = tl.load(lse_base + rows, mask=rows < seqlen_q, other=POS_INF) * LOG2E
+        else:
+            lse2 = tl.load(lse_base + rows) * LOG2E
+        s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:
+            visible_t = tl.trans(_visible(rows, cols, seqlen_q, seqlen_k, shift, left, right,
+                                          HAS_LEFT, HAS_RIGHT, True))
+            p_t = tl.where(visible_t, p_t, 0.0)
+        # Stage 2: dv += p^T dO.
+        dout = _tile(do_src, m0, rows, stride_dos, offs_d, seqlen_q, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        dv = tl.dot(p_t.to(dout.dtype), dout, dv, input_precision=DOT_PRECISION)
+        # Stage 3: ds^T = p^T (dp^T - delta), dk += ds^T q.
+        if MASKED:
+            delta = tl.load(delta_base + rows, mask=rows < seqlen_q, other=0.0)
+        else:
+            delta = tl.load(delta_base + rows)
+        dp_t = tl.dot(v, tl.trans(dout), input_precision=DOT_PRECISION)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk = tl.dot(ds_t, q, dk, input_precision=DOT_PRECISION)
+        # Stage 4: dq += scale * ds k, accumulated across key tiles by fp32 atomics.
+        if ATOMIC_DQ:
+            dq = tl.dot(tl.trans(ds_t), k, input_precision=DOT_PRECISION) * softmax_scale
+            dq_ptrs = dq_base + rows[:, None].to(tl.int64) * stride_dqs + offs_d[None, :]
+            if MASKED:
+                tl.atomic_add(dq_ptrs, dq, mask=(rows[:, None] < seqlen_q) & (offs_d[None, :] < HEAD_DIM),
+                              sem="relaxed")
+            elif BLOCK_D == HEAD_DIM:
+                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
+            else:
+                tl.atomic_add(dq_ptrs, dq, mask=offs_d[None, :] < HEAD_DIM, sem="relaxed")
+    return dk, dv
+
+
+@triton.jit(do_not_specialize=_BACKWARD_SIZE_ARGS)
+def backward_kv_kernel(
+    # pointers
+    Q, K, V, DO, Lse, Delta, DQacc, DK, DV, cu_seqlens_q, cu_seqlens_k,
+    # strides (elements); the head_dim stride is 1
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_dkb, stride_dks, stride_dkh,
+    stride_dvb, stride_dvs, stride_dvh,
+    stride_lb, stride_lh,
+    # sizes and mask
+    seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right,
+    # compile-time constants
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """dk, dv (and atomic dq) for one (key tile, kv head, batch); grid (tiles, heads_kv, batch)."""
+    pid_n = tl.program_id(0)
+    h_kv = tl.program_id(1)
+    b = tl.program_id(2)
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
+    n0 = pid_n * BLOCK_N
+    if n0 >= sk:
+        return
+    shift = sk - sq
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    cols = n0 + offs_n
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
+    k = _load_tile(k_base, cols, stride_ks, offs_d, sk, HEAD_DIM, BLOCK_D, True)
+    v = _load_tile(v_base, cols, stride_vs, offs_d, sk, HEAD_DIM, BLOCK_D, True)
+
+    # Stage 0: the query tiles that see this key tile; a partial key tile is masked throughout.
+    col_last = tl.minimum(n0 + BLOCK_N, sk) - 1
+    lo, mid_lo, mid_hi, hi = _tile_ranges(n0, col_last, sq, -shift - right, -shift + left,
+                                          HAS_RIGHT, HAS_LEFT, BLOCK_M)
+    if n0 + BLOCK_N > sk:
+        mid_lo = hi
+        mid_hi = hi
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for g in range(group):
+        h = h_kv * group + g
+        q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+        do_base = _head_base(DO, b, q_start, h, stride_dob, stride_dos, stride_doh)
+        dq_base = _head_base(DQacc, b, q_start, h, stride_dqb, stride_dqs, stride_dqh)
+        lse_base = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh)
+        delta_base = _row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh)
+        q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
+                                    stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, lo, mid_lo,
+                                    sq, sk, shift, left, right, qk_scale, softmax_scale,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
+                                    stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, mid_lo, mid_hi,
+                                    sq, sk, shift, left, right, qk_scale, softmax_scale,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, False, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
+        dk, dv = _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_base,
+                                    stride_qs, stride_dos, stride_dqs, cols, offs_m, offs_d, mid_hi, hi,
+                                    sq, sk, shift, left, right, qk_scale, softmax_scale,
+                                    HEAD_DIM, BLOCK_D, BLOCK_M, True, HAS_LEFT, HAS_RIGHT, ATOMIC_DQ, DOT_PRECISION,
+                                    USE_TMA)
+
+    # Stage 5: write dk (scaled) and dv.
+    store_mask = (cols[:, None] < sk) & (offs_d[None, :] < HEAD_DIM)
+    dk_ptrs = (_head_base(DK, b, k_start, h_kv, stride_dkb, stride_dks, stride_dkh)
+               + cols[:, None].to(tl.int64) * stride_dks + offs_d[None, :])
+    tl.store(dk_ptrs, (dk * softmax_scale).to(DK.dtype.element_ty), mask=store_mask)
+    dv_ptrs = (_head_base(DV, b, k_start, h_kv, stride_dvb, stride_dvs, stride_dvh)
+               + cols[:, None].to(tl.int64) * stride_dvs + offs_d[None, :])
+    tl.store(dv_ptrs, dv.to(DV.dtype.element_ty), mask=store_mask)
+
+
+@triton.jit
+def _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs,
+                       rows, offs_n, offs_d, start, end,
+                       seqlen_q, seqlen_k, shift, left, right, qk_scale,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                       MASKED: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr):
+    """dq += ds k over key tiles ``[start, end)`` in ascending order (deterministic)."""
+    for n0 in tl.range(start, end, BLOCK_N):
+        cols = n0 + offs_n
+        k = _tile(k_src, n0, cols, stride_ks, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        v = _tile(v_src, n0, cols, stride_vs, offs_d, seqlen_k, HEAD_DIM, BLOCK_D, MASKED, USE_TMA)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])
+        if MASKED:
+            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, HAS_LEFT, HAS_RIGHT, False)
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = (p * (dp - delta[:, None])).to(k.dtype)
+        dq = tl.dot(ds, k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit(do_not_specialize=_BACKWARD_SIZE_ARGS)
+def backward_dq_kernel(
+    # pointers
+    Q, K, V, DO, Lse, Delta, DQ, cu_seqlens_q, cu_seqlens_k,
+    # strides (elements); the head_dim stride is 1
+    stride_qb, stride_qs, stride_qh,
+    stride_kb, stride_ks, stride_kh,
+    stride_vb, stride_vs, stride_vh,
+    stride_dob, stride_dos, stride_doh,
+    stride_dqb, stride_dqs, stride_dqh,
+    stride_lb, stride_lh,
+    # sizes and mask
+    seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right,
+    # compile-time constants
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr, VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    """dq for one (query tile, head, batch), no atomics; grid (tiles, heads_q, batch)."""
+    h = tl.program_id(1)
+    b = tl.program_id(2)
+    h_kv = h // group
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
+    m0 = _query_tile_start(sq, BLOCK_M, HAS_RIGHT)
+    if m0 < 0:
+        return
+    shift = sk - sq
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = m0 + offs_m
+    q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
+    do_base = _head_base(DO, b, q_start, h, stride_dob, stride_dos, stride_doh)
+    k_base = _head_base(K, b, k_start, h_kv, stride_kb, stride_ks, stride_kh)
+    v_base = _head_base(V, b, k_start, h_kv, stride_vb, stride_vs, stride_vh)
+    lse_row = _row_stats_base(Lse, b, q_start, h, stride_lb, stride_lh) + rows
+    delta_row = _row_stats_base(Delta, b, q_start, h, stride_lb, stride_lh) + rows
+
+    q_src = _source(q_base, sq, stride_qs, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    do_src = _source(do_base, sq, stride_dos, HEAD_DIM, BLOCK_M, BLOCK_D, USE_TMA)
+    k_src = _source(k_base, sk, stride_ks, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    v_src = _source(v_base, sk, stride_vs, HEAD_DIM, BLOCK_N, BLOCK_D, USE_TMA)
+    q = _tile(q_src, m0, rows, stride_qs, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    dout = _tile(do_src, m0, rows, stride_dos, offs_d, sq, HEAD_DIM, BLOCK_D, True, USE_TMA)
+    lse2 = tl.load(lse_row, mask=rows < sq, other=POS_INF) * LOG2E
+    delta = tl.load(delta_row, mask=rows < sq, other=0.0)
+
+    row_last = tl.minimum(m0 + BLOCK_M, sq) - 1
+    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right,
+                                          HAS_LEFT, HAS_RIGHT, BLOCK_N)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
+                            lo, mid_lo, sq, sk, shift, left, right, qk_scale,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
+                            mid_lo, mid_hi, sq, sk, shift, left, right, qk_scale,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, False, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+    dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
+                            mid_hi, hi, sq, sk, shift, left, right, qk_scale,
+                            HEAD_DIM, BLOCK_D, BLOCK_N, True, HAS_LEFT, HAS_RIGHT, DOT_PRECISION, USE_TMA)
+
+    dq_ptrs = (_head_base(DQ, b, q_start, h, stride_dqb, stride_dqs, stride_dqh)
+               + rows[:, None].to(tl.int64) * stride_dqs + offs_d[None, :])
+    tl.store(dq_ptrs, (dq * softmax_scale).to(DQ.dtype.element_ty),
+             mask=(rows[:, None] < sq) & (offs_d[None, :] < HEAD_DIM))

@@ -1,0 +1,97 @@
+"""The case strategy: a whole :class:`~core.case.CaseSpec` built from the simpler strategies.
+
+A case is shape + dtype + mask + softmax scale + value generator + seed; its
+tensors come from :func:`core.case.make_case`, so a counterexample is its
+spec and ``spec.reproduction(kernel)`` is the one-line reproduction.
+Everything drawn is inside the kernel's capabilities (STYLE rule 6): an
+unsupported combination is never generated, and a property that needs a
+missing capability is skipped by the plugin before any case is drawn.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from hypothesis import strategies as st
+
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.properties import inputs, masks, shapes
+from fa2_verify.properties.profiles import Limits
+from fa2_verify.properties.validation import check_bool
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.errors import UsageError
+
+#: The shape limits used when none are given.
+DEFAULT_LIMITS = Limits()
+
+
+def case_specs(
+    *,
+    capabilities: Capabilities,
+    device: str,
+    limits: Limits = DEFAULT_LIMITS,
+    backward: bool = False,
+    deterministic: bool = False,
+    masked: bool = True,
+    gqa: bool = True,
+    min_batch: int = 1,
+    min_heads_q: int = 1,
+    min_group: int = 1,
+    generators: Iterable[str] | None = None,
+    dtypes: Iterable[str] | None = None,
+) -> st.SearchStrategy[CaseSpec]:
+    """Cases the kernel supports on ``device``.
+
+    ``backward``/``deterministic`` request a backward case (in deterministic
+    mode); ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only;
+    ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
+    the metamorphic relations that need them; ``generators`` and ``dtypes``
+    restrict the value generators and dtypes drawn.
+    """
+    for name, flag in (("backward", backward), ("deterministic", deterministic), ("masked", masked), ("gqa", gqa)):
+        check_bool(name, flag)
+    if backward and not capabilities.backward:
+        raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
+    if min_group > 1 and not (gqa and capabilities.gqa):
+        raise UsageError(f"min_group={min_group}: the kernel has no GQA/MQA (or gqa=False); leave min_group=1")
+    if deterministic and not capabilities.deterministic_backward:
+        raise UsageError("deterministic=True: the kernel has no deterministic backward; leave deterministic=False")
+    dtype_strategy = inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)
+    generator_strategy = inputs.generator_names(include=generators)
+    head_dim_strategy = shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim)
+    heads_strategy = shapes.head_counts(
+        max_heads_kv=limits.max_heads_kv,
+        max_group=limits.max_group,
+        gqa=gqa and capabilities.gqa,
+        min_group=min_group,
+        min_heads_q=min_heads_q,
+    )
+    batch_strategy = shapes.batches(min_value=min_batch, max_value=limits.max_batch)
+
+    @st.composite
+    def build(draw: st.DrawFn) -> CaseSpec:
+        seqlen_q, seqlen_k = draw(shapes.seqlen_pairs(max_value=limits.max_seqlen))
+        heads_q, heads_kv = draw(heads_strategy)
+        causal, window_size = (
+            draw(masks.masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=capabilities.causal, window=capabilities.window))
+            if masked
+            else masks.NO_MASK
+        )
+        return CaseSpec(
+            batch=draw(batch_strategy),
+            seqlen_q=seqlen_q,
+            seqlen_k=seqlen_k,
+            heads_q=heads_q,
+            heads_kv=heads_kv,
+            head_dim=draw(head_dim_strategy),
+            dtype=draw(dtype_strategy),
+            causal=causal,
+            window_size=window_size,
+            softmax_scale=draw(inputs.softmax_scales()),
+            generator=draw(generator_strategy),
+            seed=draw(inputs.seeds()),
+            backward=backward,
+            deterministic=deterministic,
+        )
+
+    return build()

@@ -1,0 +1,89 @@
+"""The run-to-run spread that atomic dQ accumulation may show (docs/error-model.md, "Determinism of atomic dQ").
+
+In FA2's backward (Dao 2023, Algorithm 2, line 15) each key block ``b``
+computes its contribution ``c_b = scale * sum_{j in b} dS_ij K_jc`` to a row of
+dQ and adds it to a float32 accumulator with an atomic add, in whatever order
+the blocks finish.  The contributions are the same on every run; only the
+order of the ``N_i`` additions changes.  Any order of summing ``N`` terms in
+floating point returns ``sum_b c_b (1 + theta_b)`` with
+``|theta_b| <= gamma_{N-1}`` (Higham, Accuracy and Stability, Eq. 4.4), so two
+runs differ by at most ``2 gamma_{N_i - 1} sum_b |c_b|``, and
+
+    sum_b |c_b| <= scale * sum_j |dS_ij| |K_jc| <= scale * sum_j P_ij (A_ij + D'_i) |K_jc| =: M_ic
+
+with ``A_ij = sum_c |dO_ic| |V_jc|`` and ``D'_i = sum_c |dO_ic| |O_ic|``, which
+bound ``|dP_ij|`` and ``|D_i|`` without relying on cancellation (the kernel's
+rounded dS may be far from the exact one when dP - D cancels).  A factor
+``1 + 1/8`` covers the kernel's own rounding of P, dP and D in those
+magnitudes.  Rounding the accumulated dQ to a 16-bit output dtype can move two
+different float32 sums by one more unit in the last place, so
+
+    |dq_r - dq_s| <= 2 gamma_{N_i - 1} (1 + 1/8) M_ic + ulp_dtype(max_r |dq_r|)   (16-bit outputs)
+
+and without the ulp term for float32 and float64 outputs.  The bound also
+gains ``eta``, half the smallest subnormal: it stays positive where the spread
+must be 0, and any nonzero difference of two dtype numbers exceeds it.  ``N_i`` is the
+number of key blocks row ``i`` sees; when the kernel does not say its key tile
+(``config()["block_k"]``), every visible key is counted as its own block,
+which only loosens the bound.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fa2_verify.core.contract import visible_mask
+from fa2_verify.core.case import Case
+from fa2_verify.verify.error_model import accumulation_unit, underflow_unit
+from fa2_verify.verify.metrics import ulp
+
+#: Slack on the magnitudes in M for the kernel's rounding of P, dP and D.
+MAGNITUDE_SLACK = 1 + 2**-3
+
+
+def key_blocks(visible_keys: torch.Tensor, block_k: int | None) -> torch.Tensor:
+    """``N_i``: key blocks a row with ``visible_keys`` contiguous keys touches (the keys themselves if unknown)."""
+    if block_k is None:
+        return visible_keys
+    return torch.minimum(visible_keys, torch.ceil(visible_keys / block_k) + 1)
+
+
+def dq_spread_bound(case: Case, golden: Any, dq_runs: list[torch.Tensor], *, block_k: int | None = None) -> torch.Tensor:
+    """Per-element bound (float64, CPU) on ``|dq_r - dq_s|`` between backward calls (module docstring).
+
+    ``golden`` provides ``out`` (float64, the exact O); ``dq_runs`` are the
+    kernel's dq from repeated calls, used only for the final ulp term.
+    """
+    spec = case.spec
+    dtype = spec.torch_dtype
+    u_a = accumulation_unit(dtype)
+    q, k, v, dout = (t.detach().to("cpu", torch.float64) for t in (case.q, case.k, case.v, case.dout))
+    out = golden.out.to("cpu", torch.float64)
+    group = spec.heads_q // spec.heads_kv
+    keys = k.repeat_interleave(group, dim=2)
+    values = v.repeat_interleave(group, dim=2)
+    visible = visible_mask(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+    logits = spec.scale * torch.einsum("bihc,bjhc->bhij", q, keys)
+    logits = logits.masked_fill(~visible, -math.inf)
+    row_max = logits.amax(dim=-1, keepdim=True).clamp_min(-1e300)
+    weights = torch.exp(logits - row_max)
+    p = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+    dp_magnitude = torch.einsum("bihc,bjhc->bhij", dout.abs(), values.abs())
+    d_magnitude = (dout.abs() * out.abs()).sum(dim=-1).permute(0, 2, 1).unsqueeze(-1)
+    magnitude = spec.scale * torch.einsum("bhij,bjhc->bihc", p * (dp_magnitude + d_magnitude), keys.abs())
+    blocks = key_blocks(visible.sum(dim=1).to(torch.float64), block_k).view(1, -1, 1, 1)
+    terms = (blocks - 1).clamp_min(0) * u_a
+    bound = 2 * terms / (1 - terms) * MAGNITUDE_SLACK * magnitude + underflow_unit(dtype)
+    if torch.finfo(dtype).bits == 16:
+        largest = torch.stack([run.detach().to("cpu", torch.float64).abs() for run in dq_runs]).amax(dim=0)
+        bound = bound + ulp(largest, dtype)
+    return bound
+
+
+def config_block_k(config: dict[str, Any]) -> int | None:
+    """The kernel's key tile if its ``config()`` states one as ``block_k``."""
+    block_k = config.get("block_k")
+    return block_k if isinstance(block_k, int) and block_k > 0 else None

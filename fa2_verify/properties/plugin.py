@@ -1,0 +1,287 @@
+"""The pytest plugin of the property suite (entry point ``pytest11: fa2_verify``).
+
+``pytest --pyargs fa2_verify.properties --fa2-kernel=NAME|module:attr [--fa2-device=cpu|cuda] [--fa2-profile=dev|ci|nightly]``
+runs every property test against one kernel target (``--fa2-dtypes`` limits
+the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
+
+* Options live in one group, ``fa2-verify``; a bad value is a
+  ``pytest.UsageError`` naming the flag.  They are checked (and the kernel
+  loaded) at startup only when given, so other test suites pay nothing.
+* With pytest-xdist on CUDA, worker ``gwI`` runs on ``cuda:(I mod GPUs)``
+  (:func:`worker_device`): ``-n <number of GPUs>`` gives each worker its own
+  GPU, and a multiple of it several workers per GPU.
+* Each xdist worker takes an equal share of the CPU threads
+  (:func:`worker_threads`) unless ``OMP_NUM_THREADS`` is set.
+* Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
+  ``<rootdir>/.fa2-golden-cache``.
+* A property needing a capability the kernel lacks (or a kernel that cannot
+  run here) is skipped with the reason and counted as unsupported; the
+  terminal summary lists those counts, how many examples were checked per
+  second, and the worst case found per property.
+
+Importing this module is cheap: it is loaded into every pytest run, so torch,
+Hypothesis and the kernels are imported only when a property test needs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import pytest
+
+from fa2_verify.properties import profiles
+
+GOLDEN_CACHE_ENV = "FA2_VERIFY_GOLDEN_CACHE"
+GOLDEN_CACHE_DIR = ".fa2-golden-cache"
+EXAMPLES_DIR = ".fa2-examples"
+DEFAULT_KERNEL = "reference"
+DEFAULT_DEVICE = "cpu"
+MARKER = "fa2_property"
+THREADS_ENV = "OMP_NUM_THREADS"
+
+_UNSUPPORTED = "fa2_unsupported"
+_OBSERVED = "fa2_observed"
+_options_key = pytest.StashKey["dict[str, Any]"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fa2-verify", "fa2-verify property suite")
+    group.addoption(
+        "--fa2-kernel",
+        default=None,
+        metavar="NAME",
+        help=f"kernel under test: a bundled name (reference, torch-flash, triton, flash-attn) or module:attr "
+        f"(default {DEFAULT_KERNEL})",
+    )
+    group.addoption(
+        "--fa2-device",
+        default=None,
+        metavar="DEVICE",
+        help=f"device to run the kernel on: cpu, cuda or cuda:N (default {DEFAULT_DEVICE}); "
+        "with -n and cuda, worker gwI runs on cuda:I",
+    )
+    group.addoption(
+        "--fa2-profile",
+        default=None,
+        metavar="NAME",
+        help=f"property-suite profile: {', '.join(profiles.PROFILES)} (default dev)",
+    )
+    group.addoption(
+        "--fa2-dtypes",
+        default=None,
+        metavar="LIST",
+        help="comma-separated dtypes to draw (default: every dtype the kernel supports on the device)",
+    )
+    group.addoption(
+        "--fa2-examples-dir",
+        default=None,
+        metavar="DIR",
+        help=f"Hypothesis example database of the dev and nightly profiles (default <rootdir>/{EXAMPLES_DIR}); "
+        "keep it as a CI artifact to replay earlier failures",
+    )
+
+
+def worker_device(device: str, worker_id: str | None, device_count: int) -> str:
+    """The device a pytest-xdist worker uses: ``cuda`` on worker ``gwI`` of a multi-GPU host is ``cuda:I``.
+
+    An explicit index (``cuda:1``), the CPU, the controller (``worker_id`` None)
+    and single-GPU hosts keep ``device`` as given.
+    """
+    if device != "cuda" or worker_id is None or device_count < 2:
+        return device
+    return f"cuda:{int(worker_id.removeprefix('gw')) % device_count}"
+
+
+def worker_threads(cpu_count: int, worker_count: int) -> int:
+    """CPU threads for one of ``worker_count`` xdist workers: an equal share of the cores, at least 1.
+
+    Each worker runs the golden on the CPU; with PyTorch's default (every core
+    per process) the workers would oversubscribe the machine.  Setting
+    ``OMP_NUM_THREADS`` overrides this.
+    """
+    return max(1, cpu_count // max(1, worker_count))
+
+
+def _usage(flag: str, value: object, problem: str) -> pytest.UsageError:
+    return pytest.UsageError(f"{flag}={value}: {problem}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(requires=()): a property test of fa2-verify, skipped as unsupported when the kernel lacks "
+        "a required capability",
+    )
+    profile_name = config.getoption("fa2_profile") or "dev"
+    if profile_name not in profiles.PROFILES:
+        raise _usage("--fa2-profile", profile_name, f"not a profile: use one of {', '.join(profiles.PROFILES)}")
+    examples = config.getoption("fa2_examples_dir")
+    database_dir = pathlib.Path(examples) if examples else config.rootpath / EXAMPLES_DIR
+    profiles.select(profile_name, database_dir=database_dir)
+    kernel_name = config.getoption("fa2_kernel") or DEFAULT_KERNEL
+    device = config.getoption("fa2_device") or DEFAULT_DEVICE
+    dtypes_option = config.getoption("fa2_dtypes")
+    dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
+    if any(config.getoption(name) is not None for name in ("fa2_kernel", "fa2_device", "fa2_dtypes")):
+        workerinput = getattr(config, "workerinput", None)
+        runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
+        device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
+    config.stash[_options_key] = {"kernel": kernel_name, "device": device, "profile": profile_name, "dtypes": dtypes}
+    config.pluginmanager.register(Summary(), "fa2-verify-summary")
+
+
+def _validate_target(
+    kernel_name: str, device: str, dtypes: tuple[str, ...] | None, workerinput: dict[str, Any] | None, *, pin: bool
+) -> str:
+    """Load the kernel and check the device now, so a typo fails before any test; return the worker's device.
+
+    ``pin``: make the device current in this process (a process that runs tests).
+    """
+    import torch
+
+    from fa2_verify.core.errors import Fa2VerifyError
+    from fa2_verify.verify.registry import load_kernel, require_device
+
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise _usage("--fa2-device", device, "not a device: use cpu, cuda or cuda:N") from None
+    try:
+        require_device(device)
+    except Fa2VerifyError as exc:
+        raise _usage("--fa2-device", device, str(exc).removeprefix(f"--device={device}: ")) from None
+    try:
+        kernel = load_kernel(kernel_name)
+    except Fa2VerifyError as exc:
+        raise _usage("--fa2-kernel", kernel_name, str(exc)) from None
+    if dtypes is not None:
+        supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())
+        unknown = [name for name in dtypes if name not in supported]
+        if unknown or not dtypes:
+            raise _usage(
+                "--fa2-dtypes", ",".join(dtypes), f"use names from {','.join(supported)} ({kernel_name} on {device})"
+            )
+    if device.startswith("cuda"):
+        device = worker_device(device, (workerinput or {}).get("workerid"), torch.cuda.device_count())
+        if pin and torch.device(device).index is not None:
+            torch.cuda.set_device(torch.device(device))
+    if workerinput is not None and THREADS_ENV not in os.environ:
+        torch.set_num_threads(worker_threads(os.cpu_count() or 1, int(workerinput.get("workercount", 1))))
+    return device
+
+
+def golden_cache_dir(rootpath: pathlib.Path) -> pathlib.Path:
+    """``FA2_VERIFY_GOLDEN_CACHE`` if the user set it, else ``<rootdir>/.fa2-golden-cache`` (shared by workers)."""
+    chosen = os.environ.get(GOLDEN_CACHE_ENV)
+    return pathlib.Path(chosen) if chosen else rootpath / GOLDEN_CACHE_DIR
+
+
+@pytest.fixture(scope="session")
+def suite(request: pytest.FixtureRequest):
+    """The :class:`properties.session.Suite` of this run: kernel, device, profile, golden options."""
+    from fa2_verify.golden.options import GoldenOptions
+    from fa2_verify.properties.session import Suite
+    from fa2_verify.core.errors import Fa2VerifyError
+    from fa2_verify.verify.registry import load_kernel
+
+    options = request.config.stash[_options_key]
+    try:
+        kernel = load_kernel(options["kernel"])
+    except Fa2VerifyError as exc:
+        raise _usage("--fa2-kernel", options["kernel"], str(exc)) from None
+    return Suite(
+        kernel=kernel,
+        device=options["device"],
+        profile=profiles.get(options["profile"]),
+        golden_options=GoldenOptions(cache_dir=golden_cache_dir(request.config.rootpath)),
+        dtypes=options["dtypes"],
+    )
+
+
+def _is_property(item: pytest.Item) -> bool:
+    return item.get_closest_marker(MARKER) is not None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    result = yield
+    if _is_property(item):
+        from fa2_verify.properties.harness import missing_requirement
+
+        reason = missing_requirement(item.obj, item.funcargs["suite"])
+        if reason is not None:
+            item.user_properties.append((_UNSUPPORTED, reason))
+            pytest.skip(f"unsupported: {reason}")
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    if not _is_property(item):
+        return (yield)
+    suite = item.funcargs["suite"]
+    suite.take_observations()
+    suite.take_results()
+    try:
+        return (yield)
+    finally:
+        item.user_properties.append((_OBSERVED, json.dumps(suite.take_observations())))
+        results = suite.take_results()
+        if item.config.getoption("allure_report_dir", None):
+            from fa2_verify.verify import allure_report
+
+            allure_report.record_property_test(item.name, results, kernel=suite.kernel.name, device=suite.device)
+
+
+class Summary:
+    """Counts and worst cases gathered from test reports (on the xdist controller, from every worker)."""
+
+    def __init__(self) -> None:
+        self.unsupported: dict[str, int] = {}
+        self.declined: dict[str, int] = {}
+        self.examples = 0
+        self.seconds = 0.0
+        self.worst: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for key, value in report.user_properties:
+            if key == _UNSUPPORTED and report.when == "setup":
+                self.unsupported[value] = self.unsupported.get(value, 0) + 1
+            elif key == _OBSERVED and report.when == "call":
+                self.seconds += report.duration
+                test = report.nodeid.split("::")[-1]
+                observed = json.loads(value)
+                records = observed["worst"]
+                self.examples += max((record["examples"] for record in records), default=0)
+                for reason, count in observed["unsupported"].items():
+                    self.declined[reason] = self.declined.get(reason, 0) + count
+                for record in records:
+                    current = self.worst.get((test, record["label"]))
+                    if current is None or float(record["score"]) > float(current["score"]):
+                        self.worst[(test, record["label"])] = record
+
+    def lines(self) -> list[str]:
+        lines = []
+        if self.examples:
+            rate = self.examples / self.seconds if self.seconds else float("inf")
+            lines.append(
+                f"{self.examples} examples checked in {self.seconds:.1f} s of test time ({rate:.2f} examples/s per worker)"
+            )
+        for reason, count in sorted(self.unsupported.items()):
+            lines.append(f"unsupported: {count} property test(s): {reason}")
+        for reason, count in sorted(self.declined.items()):
+            lines.append(f"unsupported: {count} example(s) declined by the kernel: {reason}")
+        for (test, label), record in sorted(self.worst.items()):
+            lines.append(f"worst {label} in {test}: {float(record['score']):.3g} over {record['examples']} examples")
+            lines.append(f"    {record['reproduction']}")
+        return lines
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        lines = self.lines()
+        if lines:
+            terminalreporter.section("fa2-verify property suite")
+            for line in lines:
+                terminalreporter.write_line(line)

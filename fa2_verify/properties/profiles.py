@@ -1,0 +1,152 @@
+"""The suite's Hypothesis profiles, defined in one place: ``dev``, ``ci`` and ``nightly``.
+
+A profile is an example budget, a randomness policy and the shape limits
+(:class:`Limits`) its cases are drawn within:
+
+* ``dev``: a quick local run, random, with the example database so a failure
+  found once is replayed first next time;
+* ``ci``: derandomized (the same examples on every run, so a red build is
+  reproducible), bounded to fit a 2-core CPU runner, ``print_blob=True`` so a
+  failure prints its ``@reproduce_failure`` blob.  Hypothesis forbids an
+  example database together with ``derandomize`` (``database=None`` is
+  implied), so this profile stores nothing.  It also leaves out
+  ``Phase.target``: hill-climbing on ``hypothesis.target`` pays off over
+  hundreds of examples, and in a budget of tens of examples it spends most of them on
+  near-copies of one case instead of new shapes;
+* ``nightly``: many random examples and larger shapes, with the example
+  database.  The database is set explicitly
+  (``DirectoryBasedExampleDatabase``), because with ``CI`` set in the
+  environment Hypothesis would otherwise load its own ``ci`` profile and drop
+  the database; a CI job keeps the directory as an artifact and restores it.
+
+The property tests take their settings from :func:`settings_for`, never from
+Hypothesis' global profile, so loading the plugin changes nothing for other
+test suites.  Importing this module is cheap (the plugin does it in every
+pytest run); Hypothesis is imported when settings are first built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from fa2_verify.properties.validation import check_int
+from fa2_verify.core.errors import UsageError
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Upper bounds on the shapes drawn; each profile picks its own (small on the CPU)."""
+
+    max_batch: int = 2
+    max_heads_kv: int = 2
+    max_group: int = 3
+    max_seqlen: int = 80
+    max_head_dim: int = 64
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            check_int(field.name, getattr(self, field.name), min_value=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """One profile: ``max_examples`` per property test, derandomized or not, and shape limits.
+
+    ``targeting=False`` drops Hypothesis' target phase (hill-climbing on the
+    scores passed to ``hypothesis.target``).
+
+    ``cpu_limits`` apply on the CPU, where the mpmath golden and the kernel are
+    slow; ``cuda_limits`` on a GPU.
+    """
+
+    name: str
+    description: str
+    max_examples: int
+    derandomize: bool
+    cpu_limits: Limits
+    cuda_limits: Limits
+    targeting: bool = True
+
+    def limits(self, device: str) -> Limits:
+        return self.cuda_limits if device.startswith("cuda") else self.cpu_limits
+
+
+_SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=72, max_head_dim=64)
+_GPU = Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=160, max_head_dim=128)
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile("dev", "quick local run, random, with the example database", 15, False, _SMALL, _GPU),
+        Profile(
+            "ci",
+            "derandomized and bounded for a 2-core CPU runner, prints the reproduction blob",
+            60,
+            True,
+            _SMALL,
+            _GPU,
+            targeting=False,
+        ),
+        Profile(
+            "nightly",
+            "many random examples and larger shapes, with the example database",
+            1000,
+            False,
+            Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=136, max_head_dim=64),
+            Limits(max_batch=3, max_heads_kv=3, max_group=4, max_seqlen=300, max_head_dim=256),
+        ),
+    )
+}
+
+
+def get(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise UsageError(f"profile={name!r} is not a profile: use one of {', '.join(PROFILES)}") from None
+
+
+def settings_for(profile: Profile, *, database_dir: pathlib.Path | None):
+    """The ``hypothesis.settings`` of ``profile``; ``database_dir`` holds the example database.
+
+    Verbosity follows Hypothesis' current default, so ``--hypothesis-verbosity``
+    still works.  No deadline: one example runs the golden and the kernel,
+    whose time depends on the shape drawn.
+    """
+    from hypothesis import HealthCheck, Phase, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    database = None
+    if not profile.derandomize and database_dir is not None:
+        database = DirectoryBasedExampleDatabase(database_dir)
+    return settings(
+        max_examples=profile.max_examples,
+        derandomize=profile.derandomize,
+        database=database,
+        deadline=None,
+        print_blob=True,
+        verbosity=settings.default.verbosity,
+        phases=tuple(Phase) if profile.targeting else tuple(phase for phase in Phase if phase is not Phase.target),
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
+_selected: tuple[Profile, pathlib.Path | None] = (PROFILES["dev"], None)
+
+
+def select(name: str, *, database_dir: pathlib.Path | None) -> Profile:
+    """Make ``name`` the profile property tests are decorated with (the plugin calls this)."""
+    global _selected
+    _selected = (get(name), database_dir)
+    return _selected[0]
+
+
+def selected() -> Profile:
+    return _selected[0]
+
+
+def selected_settings():
+    """The ``hypothesis.settings`` of the selected profile (``dev`` without a database until selected)."""
+    profile, database_dir = _selected
+    return settings_for(profile, database_dir=database_dir)

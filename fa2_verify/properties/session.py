@@ -1,0 +1,116 @@
+"""What one property-suite run knows: the kernel, the device, the profile, and what it observed.
+
+A :class:`Suite` is built once per pytest session (or worker) by the plugin
+and handed to every property test.  Each example a property checks is
+reported with :meth:`Suite.observe` (its score, e.g. the largest normalized
+error, and its case), so the run can report how many examples it checked and
+the worst case it found per property, the quantity ``hypothesis.target``
+steers toward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from hypothesis import strategies as st
+
+from fa2_verify.properties.cases import Limits, case_specs
+from fa2_verify.properties.profiles import Profile
+from fa2_verify.properties.varlen import VarlenSpec, varlen_specs
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify.metrics import decode_float, encode_float
+from fa2_verify.verify.registry import LoadedKernel
+from fa2_verify.verify.results import CaseResult
+
+
+@dataclasses.dataclass
+class Worst:
+    """The highest score a label reached in one test, with the case that reached it."""
+
+    label: str
+    score: float
+    examples: int
+    reproduction: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "score": encode_float(self.score), "examples": self.examples, "reproduction": self.reproduction}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> "Worst":
+        return cls(record["label"], decode_float(record["score"]), int(record["examples"]), record["reproduction"])
+
+
+@dataclasses.dataclass(repr=False)
+class Suite:
+    """The kernel under test and the run's settings.
+
+    ``golden_options`` are passed to ``golden.compute``; ``dtypes``, if given,
+    restricts the dtypes drawn (to those the kernel also supports).
+    """
+
+    kernel: LoadedKernel
+    device: str
+    profile: Profile
+    golden_options: Any = None
+    dtypes: tuple[str, ...] | None = None
+    _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
+    _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
+    _results: list[CaseResult] = dataclasses.field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        """Hypothesis prints failing examples with this (else it lists every field)."""
+        printer.text(repr(self))
+
+    @property
+    def limits(self) -> Limits:
+        return self.profile.limits(self.device)
+
+    def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
+        """:func:`properties.cases.case_specs` for this kernel, device and profile."""
+        return case_specs(
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+        )
+
+    def varlen_cases(self, **options: Any) -> st.SearchStrategy[VarlenSpec]:
+        """:func:`properties.varlen.varlen_specs` for this kernel, device and profile."""
+        return varlen_specs(
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+        )
+
+    def observe(self, label: str, score: float, spec: CaseSpec) -> None:
+        """Record one checked example: its ``score`` under ``label`` (NaN counts as +inf)."""
+        score = math.inf if math.isnan(score) else float(score)
+        worst = self._worst.get(label)
+        if worst is None:
+            worst = self._worst[label] = Worst(label, -math.inf, 0, "")
+        worst.examples += 1
+        if score > worst.score:
+            worst.score = score
+            worst.reproduction = spec.reproduction(self.kernel.name)
+
+    def decline(self, reason: str) -> None:
+        """Record an example the kernel declined at run time (:class:`~core.errors.UnsupportedCase`)."""
+        self._unsupported[reason] = self._unsupported.get(reason, 0) + 1
+
+    def keep(self, result: CaseResult) -> None:
+        """Keep a comparison against the golden for the test's report (Allure distributions)."""
+        self._results.append(result)
+
+    def take_results(self) -> list[CaseResult]:
+        """The results kept since the last call (one test's); then start afresh."""
+        results, self._results = self._results, []
+        return results
+
+    def take_observations(self) -> dict[str, Any]:
+        """What was observed since the last call (one test's), as JSON-ready data; then start afresh."""
+        observed = {
+            "worst": [worst.to_dict() for worst in self._worst.values()],
+            "unsupported": dict(self._unsupported),
+        }
+        self._worst, self._unsupported = {}, {}
+        return observed

@@ -1,0 +1,84 @@
+"""Shape strategies: batch, heads (MHA, GQA, MQA), sequence lengths, head dims.
+
+Sequence lengths favour the sizes where tiled kernels break: 1 and 2, primes
+(never a multiple of a tile), and every block size plus and minus one (a tail
+tile of one row, or a full tile but one).  FA2 tiles queries into blocks of
+B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.properties.validation import check_int, check_order
+from fa2_verify.core.errors import UsageError
+
+#: Tile sizes of common FA2 implementations (B_r and B_c in the FA2 paper).
+BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
+
+#: Primes up to 256: lengths that are never a multiple of a tile.
+PRIMES: tuple[int, ...] = tuple(n for n in range(2, 257) if all(n % p for p in range(2, int(n**0.5) + 1)))
+
+
+def boundary_lengths(*, min_value: int, max_value: int, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> list[int]:
+    """The lengths in ``[min_value, max_value]`` that tiling bugs hide behind, smallest first."""
+    special = {0, 1, 2, *PRIMES}
+    for block in block_sizes:
+        special.update((block - 1, block, block + 1))
+    return sorted(n for n in special if min_value <= n <= max_value)
+
+
+def seqlens(*, min_value: int = 1, max_value: int = 128, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> st.SearchStrategy[int]:
+    """A sequence length in ``[min_value, max_value]``, half the time a boundary length."""
+    check_int("min_value", min_value, min_value=0)
+    check_int("max_value", max_value, min_value=max(min_value, 1))
+    for block in block_sizes:
+        check_int("block_sizes[]", block, min_value=1)
+    return st.one_of(
+        st.sampled_from(boundary_lengths(min_value=min_value, max_value=max_value, block_sizes=block_sizes)),
+        st.integers(min_value, max_value),
+    )
+
+
+def seqlen_pairs(*, min_value: int = 1, max_value: int = 128) -> st.SearchStrategy[tuple[int, int]]:
+    """``(seqlen_q, seqlen_k)``: equal, or independent (so q longer and shorter than k both occur)."""
+    lengths = seqlens(min_value=min_value, max_value=max_value)
+    return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
+
+
+def head_counts(
+    *, max_heads_kv: int = 3, max_group: int = 3, gqa: bool = True, min_group: int = 1, min_heads_q: int = 1
+) -> st.SearchStrategy[tuple[int, int]]:
+    """``(heads_q, heads_kv)`` with ``heads_q = group * heads_kv``: MHA, GQA (kv > 1) and MQA (kv = 1).
+
+    ``gqa=False`` (a kernel without GQA) gives MHA only; ``min_group=2`` GQA/MQA
+    only; ``min_heads_q`` at least that many query heads.
+    """
+    check_int("max_heads_kv", max_heads_kv, min_value=1)
+    check_int("max_group", max_group, min_value=1)
+    check_int("min_group", min_group, min_value=1, max_value=max_group if gqa else 1)
+    check_int("min_heads_q", min_heads_q, min_value=1, max_value=max_heads_kv * (max_group if gqa else 1))
+    groups = st.integers(min_group, max_group if gqa else 1)
+    pairs = st.tuples(groups, st.integers(1, max_heads_kv)).map(lambda pair: (pair[0] * pair[1], pair[1]))
+    return pairs.filter(lambda heads: heads[0] >= min_heads_q) if min_heads_q > 1 else pairs
+
+
+def head_dims(*, capabilities: Capabilities, device: str = "cpu", max_value: int = 64) -> st.SearchStrategy[int]:
+    """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first."""
+    check_int("max_value", max_value, min_value=1)
+    declared = capabilities.head_dims_on(device)
+    supported = sorted(d for d in declared if d <= max_value)
+    if not supported:
+        raise UsageError(
+            f"max_value={max_value} excludes every head dim the kernel supports on {device} "
+            f"({min(declared)}..{max(declared)}): raise max_value"
+        )
+    return st.sampled_from(supported)
+
+
+def batches(*, min_value: int = 1, max_value: int = 2) -> st.SearchStrategy[int]:
+    check_int("min_value", min_value, min_value=1)
+    check_int("max_value", max_value, min_value=1)
+    check_order("min_value", min_value, "max_value", max_value)
+    return st.integers(min_value, max_value)

@@ -1,0 +1,104 @@
+"""What every property check shares: running the kernel, the golden and its bounds, and verdicts.
+
+A check takes the :class:`~properties.session.Suite` and a drawn case and
+returns a :class:`~properties.harness.Verdict`.  On the way it reports each
+output's score (the largest normalized error or difference) to
+``hypothesis.target``, so the search climbs toward the worst inputs, and to
+:meth:`Suite.observe`, so the run reports the worst case found; it attaches
+the one-line reproduction with ``hypothesis.note``.  A kernel that declines a
+case at run time (:class:`~core.errors.UnsupportedCase`) has the example
+discarded and counted as unsupported.  Failure messages go through
+:func:`verify.metrics.describe_failure` (STYLE rule 5).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NoReturn
+
+import torch
+from hypothesis import note, reject, target
+
+from fa2_verify.properties import relations
+from fa2_verify.properties.harness import Verdict
+from fa2_verify.properties.runs import Outputs, run
+from fa2_verify.properties.session import Suite
+from fa2_verify.verify import error_model
+from fa2_verify.core.case import Case, CaseSpec
+from fa2_verify.verify.check import golden_for
+from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.verify.kernel_call import KernelFailure
+from fa2_verify.verify.metrics import OutputComparison, describe_failure
+from fa2_verify.verify.results import CaseResult
+
+GRADIENTS = ("dq", "dk", "dv")
+
+
+def score(suite: Suite, label: str, spec: CaseSpec, value: float) -> None:
+    """Report one example's score under ``label`` to the run and to ``hypothesis.target``."""
+    suite.observe(label, value, spec)
+    if math.isfinite(value):
+        target(value, label=label)
+
+
+def introduce(suite: Suite, spec: CaseSpec) -> None:
+    """Attach the case's one-line reproduction to the example (printed if it fails)."""
+    note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
+
+
+def declined(suite: Suite, reason: str) -> NoReturn:
+    """Discard an example the kernel declined at run time, counting it as unsupported."""
+    suite.decline(reason)
+    reject()
+
+
+def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> Verdict:
+    """The verdict for a kernel that raised or broke the contract."""
+    suite.observe(label, math.inf, spec)
+    result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
+    return Verdict(False, describe_failure(result))
+
+
+def golden_of(suite: Suite, case: Case) -> Any:
+    """``golden.compute`` for ``case`` (forward and, if the case has one, backward)."""
+    return golden_for(case, suite.golden_options)
+
+
+def bounds_of(suite: Suite, case: Case) -> dict[str, torch.Tensor]:
+    """First-order bounds for ``case`` (docs/error-model.md), from the golden."""
+    return error_model.first_order_bounds(case, golden_of(suite, case))
+
+
+def call_kernel(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool | None = None) -> list[Outputs] | Verdict:
+    """The kernel's outputs on each case, or the failed verdict of a kernel that raised or broke the contract."""
+    try:
+        return [run(suite.kernel, case, backward=backward) for case in cases]
+    except UnsupportedCase as exc:
+        declined(suite, str(exc))
+    except KernelFailure as failure:
+        return failed_run(suite, spec, label, str(failure))
+
+
+def compare(output: str, first: torch.Tensor, second: torch.Tensor, tolerance: torch.Tensor) -> OutputComparison:
+    """:func:`properties.relations.compare_runs` under the output's threshold."""
+    return relations.compare_runs(output, first, second, tolerance, threshold=error_model.THRESHOLDS[output])
+
+
+def conclude(suite: Suite, spec: CaseSpec, statement: str, comparisons: list[OutputComparison]) -> Verdict:
+    """Score each output by its largest normalized difference, then fail on the first broken comparison."""
+    scores: dict[str, float] = {}
+    for comparison in comparisons:
+        scores[comparison.output] = max(scores.get(comparison.output, 0.0), comparison.normalized.quantiles["max"])
+    for output, value in scores.items():
+        score(suite, output, spec, value)
+    broken = next((comparison for comparison in comparisons if not comparison.passed), None)
+    if broken is None:
+        return Verdict(True)
+    result = CaseResult(
+        spec=spec, kernel=suite.kernel.name, device=suite.device, status="failed", comparisons={broken.output: broken}
+    )
+    return Verdict(
+        False,
+        f"relation {statement} does not hold for {broken.output} ('expected' is the related run):\n"
+        + describe_failure(result, broken.output),
+    )

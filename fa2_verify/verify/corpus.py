@@ -1,0 +1,152 @@
+"""The versioned gate corpus: a fixed list of case specs the gate runs every time.
+
+The corpus is a JSON file (``golden/corpus/gate.json`` by default)::
+
+    {"schema_version": 1, "corpus_version": 3, "cases": [CaseSpec.to_dict(), ...]}
+
+Every case is deterministic (shape, dtype, mask, value generator and seed), so
+two runs of the same kernel on it give identical error distributions and a
+change in a baseline comparison is a change in the kernel, not noise
+(docs/reports-and-gate.md).  Baselines record ``corpus_version`` and
+:func:`Corpus.digest`; the gate refuses a baseline recorded on another corpus.
+
+Adding a case (``fa2-verify corpus add --case JSON``, usually a counterexample
+printed by a property test's reproduction line) bumps ``corpus_version``: the
+baselines recorded before it must then be recorded again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+from typing import Any
+
+from fa2_verify.core import values
+from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.errors import Fa2VerifyError, UsageError
+
+#: Version of the corpus file layout (not of its contents: that is ``corpus_version``).
+SCHEMA_VERSION = 1
+
+#: The corpus shipped with fa2-verify.
+DEFAULT_PATH = pathlib.Path(__file__).resolve().parent.parent / "golden" / "corpus" / "gate.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """An ordered tuple of uniquely named case specs and the version they carry."""
+
+    version: int
+    cases: tuple[CaseSpec, ...]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise UsageError(f"corpus_version={self.version!r} is not valid: use a positive integer")
+        seen: dict[str, int] = {}
+        for index, spec in enumerate(self.cases):
+            if not spec.name:
+                raise UsageError(f"corpus case #{index} has no name: give every corpus case a unique 'name'")
+            if spec.name in seen:
+                raise UsageError(f"corpus case name {spec.name!r} is used by cases #{seen[spec.name]} and #{index}")
+            if spec.generator not in values.GENERATORS:
+                raise UsageError(
+                    f"corpus case {spec.name!r}: generator={spec.generator!r} is not a value generator "
+                    f"(use one of {', '.join(sorted(values.GENERATORS))})"
+                )
+            seen[spec.name] = index
+
+    def digest(self) -> str:
+        """``sha256:<hex>`` of the canonical JSON of the cases (order and names included)."""
+        return "sha256:" + hashlib.sha256(_canonical([spec.to_dict() for spec in self.cases]).encode()).hexdigest()
+
+    def dtypes(self) -> tuple[str, ...]:
+        """The dtypes the corpus covers, sorted."""
+        return tuple(sorted({spec.dtype for spec in self.cases}))
+
+    def select(self, dtypes: tuple[str, ...] | None) -> tuple[CaseSpec, ...]:
+        """The cases whose dtype is in ``dtypes`` (all cases when ``None``)."""
+        if dtypes is None:
+            return self.cases
+        unknown = sorted(set(dtypes) - set(self.dtypes()))
+        if unknown:
+            raise UsageError(
+                f"--dtypes={','.join(dtypes)}: the corpus has no {','.join(unknown)} case "
+                f"(it covers {','.join(self.dtypes())})"
+            )
+        return tuple(spec for spec in self.cases if spec.dtype in dtypes)
+
+    def with_case(self, spec: CaseSpec) -> Corpus:
+        """A new corpus version with ``spec`` appended.
+
+        A spec without a name is named ``cex-<first 10 hex digits of its hash>``;
+        a spec equal to a corpus case up to its name is rejected.
+        """
+        key = _canonical({**spec.to_dict(), "name": ""})
+        for existing in self.cases:
+            if _canonical({**existing.to_dict(), "name": ""}) == key:
+                raise UsageError(f"--case is already in the corpus as {existing.name!r}")
+        if not spec.name:
+            spec = dataclasses.replace(spec, name="cex-" + hashlib.sha256(key.encode()).hexdigest()[:10])
+        return Corpus(version=self.version + 1, cases=self.cases + (spec,))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def corpus_from_dict(record: Any, *, source: str = "corpus") -> Corpus:
+    """Validate a parsed corpus file; every problem is a one-line :class:`UsageError`."""
+    if not isinstance(record, dict):
+        raise UsageError(f"{source}: expected a JSON object with 'corpus_version' and 'cases'")
+    if record.get("schema_version") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{source}: schema_version={record.get('schema_version')!r} is not supported "
+            f"(this fa2-verify reads {SCHEMA_VERSION})"
+        )
+    cases = record.get("cases")
+    if not isinstance(cases, list) or not cases:
+        raise UsageError(f"{source}: 'cases' must be a non-empty list of case specs")
+    specs = []
+    for index, case in enumerate(cases):
+        if not isinstance(case, dict):
+            raise UsageError(f"{source}: case #{index} is {type(case).__name__}, expected a case spec object")
+        try:
+            specs.append(CaseSpec.from_dict(case))
+        except (TypeError, Fa2VerifyError) as exc:
+            raise UsageError(f"{source}: case #{index}: {exc}") from None
+    try:
+        return Corpus(version=record.get("corpus_version"), cases=tuple(specs))
+    except UsageError as exc:
+        raise UsageError(f"{source}: {exc}") from None
+
+
+def load_corpus(path: str | pathlib.Path = DEFAULT_PATH) -> Corpus:
+    """Read and validate the corpus at ``path``."""
+    path = pathlib.Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"--corpus={path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--corpus={path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return corpus_from_dict(record, source=f"--corpus={path}")
+
+
+def save_corpus(corpus: Corpus, path: str | pathlib.Path) -> pathlib.Path:
+    """Write ``corpus`` to ``path`` atomically (one case per line, so diffs stay readable)."""
+    lines = ",\n".join("    " + json.dumps(spec.to_dict(), sort_keys=True) for spec in corpus.cases)
+    text = (
+        "{\n"
+        f'  "schema_version": {SCHEMA_VERSION},\n'
+        f'  "corpus_version": {corpus.version},\n'
+        '  "cases": [\n'
+        f"{lines}\n"
+        "  ]\n"
+        "}\n"
+    )
+    return write_text_atomic(path, text, overwrite=True)

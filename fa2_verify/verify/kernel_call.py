@@ -1,0 +1,109 @@
+"""Calling a kernel under the contract: poisoned outputs, checked count, shapes, dtypes and device.
+
+Every comparison in fa2-verify (against the golden in :mod:`verify.check`,
+against the kernel itself in the property suite) gets its tensors from here.
+Each call runs under :func:`verify.poison.poisoned`, so an element the kernel
+never writes reads NaN.  An exception from the kernel, or an output that breaks
+the contract, becomes a :class:`KernelFailure` whose message says how: a
+failure of the kernel, never of the harness.  A kernel that raises
+:class:`~core.errors.UnsupportedCase` declines the case; that propagates.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from fa2_verify.core.contract import dtype_name
+from fa2_verify.core.case import Case, CaseSpec
+from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.verify.poison import poisoned
+from fa2_verify.verify.registry import LoadedKernel
+
+#: Output name -> (shape, dtype, description of the shape's axes).
+Layouts = dict[str, tuple[tuple[int, ...], torch.dtype, str]]
+
+
+class KernelFailure(Exception):
+    """The kernel raised or broke the contract; the message says how."""
+
+
+def contract_layouts(spec: CaseSpec) -> Layouts:
+    """The shape and dtype the contract requires of each output of ``spec``."""
+    q_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
+    kv_shape = (spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim)
+    q_axes, kv_axes = "(batch, seqlen_q, heads_q, head_dim)", "(batch, seqlen_k, heads_kv, head_dim)"
+    return {
+        "out": (q_shape, spec.torch_dtype, q_axes),
+        "lse": ((spec.batch, spec.heads_q, spec.seqlen_q), torch.float32, "(batch, heads_q, seqlen_q)"),
+        "dq": (q_shape, spec.torch_dtype, q_axes),
+        "dk": (kv_shape, spec.torch_dtype, kv_axes),
+        "dv": (kv_shape, spec.torch_dtype, kv_axes),
+    }
+
+
+def call_entry(
+    kernel: LoadedKernel,
+    entry: str,
+    names: tuple[str, ...],
+    layouts: Layouts,
+    device: torch.device,
+    call: Callable[[], Any],
+) -> dict[str, torch.Tensor]:
+    """Run one entry point under poisoning; its outputs by name, cloned, after checking the contract."""
+    with poisoned(device, [layouts[name][:2] for name in names]):
+        try:
+            returned = call()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except UnsupportedCase:
+            raise
+        except Exception as exc:
+            raise KernelFailure(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
+    expected = f"({', '.join(names)})"
+    if not isinstance(returned, (tuple, list)):
+        raise KernelFailure(f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple {expected}")
+    if len(returned) != len(names):
+        raise KernelFailure(f"{kernel.name}.{entry} returned {len(returned)} value(s), expected {len(names)}: {expected}")
+    named = dict(zip(names, returned))
+    for name, tensor in named.items():
+        shape, dtype, axes = layouts[name]
+        if not isinstance(tensor, torch.Tensor):
+            raise KernelFailure(f"{kernel.name}.{entry} returned {name} as {type(tensor).__name__}, expected a tensor")
+        if tuple(tensor.shape) != shape:
+            raise KernelFailure(
+                f"{kernel.name}.{entry} returned {name} with shape {tuple(tensor.shape)}, expected {shape} = {axes}"
+            )
+        if tensor.dtype != dtype:
+            raise KernelFailure(
+                f"{kernel.name}.{entry} returned {name} with dtype {dtype_name(tensor.dtype)}, "
+                f"expected {dtype_name(dtype)}"
+            )
+        if tensor.device != device:
+            raise KernelFailure(f"{kernel.name}.{entry} returned {name} on {tensor.device}, expected {device}")
+    return {name: tensor.detach().clone() for name, tensor in named.items()}
+
+
+def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> dict[str, torch.Tensor]:
+    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward with the kernel's own out and lse."""
+    spec = case.spec
+    layouts = contract_layouts(spec)
+    device = case.q.device
+    masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    outputs = call_entry(
+        kernel, "forward", ("out", "lse"), layouts, device, lambda: kernel.forward(case.q, case.k, case.v, **masking)
+    )
+    if spec.backward if backward is None else backward:
+        out, lse = outputs["out"], outputs["lse"]
+        outputs |= call_entry(
+            kernel,
+            "backward",
+            ("dq", "dk", "dv"),
+            layouts,
+            device,
+            lambda: kernel.backward(
+                case.dout, case.q, case.k, case.v, out, lse, deterministic=spec.deterministic, **masking
+            ),
+        )
+    return outputs

@@ -1,0 +1,104 @@
+"""Kernel registry: load a target by short name or ``module:attr``.
+
+A new bundled target is one module and one line in :data:`BUNDLED`.
+Every failure to load is a :class:`~core.errors.KernelLoadError` with a
+one-line message; nothing is imported until a kernel is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+import torch
+
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError
+
+#: short name -> "module:attr" of the bundled targets.
+BUNDLED: dict[str, str] = {
+    "reference": "fa2_verify.kernels.reference:DEFERRED",
+    "reference-eager": "fa2_verify.kernels.reference:EAGER",
+    "torch-flash": "fa2_verify.kernels.torch_flash:KERNEL",
+    "triton": "fa2_verify.kernels.triton_fa2:KERNEL",
+    "flash-attn": "fa2_verify.kernels.flash_attn:KERNEL",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedKernel:
+    """A target together with the name it was asked for by."""
+
+    name: str
+    target: Any
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.target.capabilities
+
+    def forward(self, *args, **kwargs):
+        return self.target.forward(*args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        return self.target.backward(*args, **kwargs)
+
+    def unavailable_reason(self, device: str | None = None) -> str | None:
+        """Why this target cannot run here (on ``device`` if given), or ``None``."""
+        probe = getattr(self.target, "unavailable_reason", None)
+        reason = probe() if probe is not None else None
+        if reason is None and device is not None:
+            device_type = torch.device(device).type
+            if device_type not in self.capabilities.dtypes:
+                reason = f"it does not support device={device_type}"
+            else:
+                reason = device_unavailable_reason(device_type)
+        return reason
+
+    def config(self) -> dict[str, Any]:
+        """Settings a run records to be reproducible (block sizes, versions...)."""
+        describe = getattr(self.target, "config", None)
+        return dict(describe()) if describe is not None else {}
+
+
+def device_unavailable_reason(device_type: str) -> str | None:
+    if device_type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device is visible (torch.cuda.is_available() is False)"
+    if device_type not in ("cpu", "cuda"):
+        return f"device={device_type} is not one fa2-verify drives (use cpu or cuda)"
+    return None
+
+
+def require_device(device: str) -> None:
+    """Raise :class:`DeviceUnavailable` if ``device`` cannot be used here."""
+    reason = device_unavailable_reason(torch.device(device).type)
+    if reason is not None:
+        raise DeviceUnavailable(f"--device={device}: {reason}")
+
+
+def load_kernel(name: str) -> LoadedKernel:
+    """Resolve ``name`` (a key of :data:`BUNDLED` or ``module:attr``)."""
+    spec = BUNDLED.get(name, name)
+    if ":" not in spec:
+        known = ", ".join(sorted(BUNDLED))
+        raise KernelLoadError(f"unknown kernel {name!r}: use one of {known}, or module:attr")
+    module_name, _, attr_path = spec.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as exc:  # a user's module may fail on import in any way; report it, never a traceback
+        raise KernelLoadError(
+            f"kernel {name!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    for attr in attr_path.split("."):
+        try:
+            target = getattr(target, attr)
+        except AttributeError:
+            raise KernelLoadError(f"kernel {name!r}: module {module_name!r} has no attribute {attr_path!r}") from None
+    for required in ("forward", "capabilities"):
+        if not hasattr(target, required):
+            raise KernelLoadError(f"kernel {name!r}: target {spec!r} lacks {required!r}, required by the kernel contract")
+    if not isinstance(target.capabilities, Capabilities):
+        raise KernelLoadError(
+            f"kernel {name!r}: 'capabilities' is {type(target.capabilities).__name__}, expected core.contract.Capabilities"
+        )
+    return LoadedKernel(name=name, target=target)
