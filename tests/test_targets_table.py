@@ -1,0 +1,41 @@
+"""ci/targets_table.py: the kernel x property table of docs/targets.md, from JUnit files."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("targets_table", ROOT / "ci" / "targets_table.py")
+targets_table = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(targets_table)
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model"/>
+<testcase classname="fa2_verify.properties.test_golden" name="test_dk_within_error_model">
+<failure message="AssertionError: dk[b=0, i=1, h=0, c=3]: normalized error 1.15 &gt; 1">
+reproduce: fa2-verify repro --kernel sdpa-efficient --case '{"batch": 2}'</failure></testcase>
+<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model">
+<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_each_outcome_gets_its_cell(tmp_path):
+    junit = tmp_path / "properties-sdpa-efficient-ci-0.xml"
+    junit.write_text(JUNIT)
+    cells = targets_table.outcomes(junit)
+    assert cells["test_out_within_error_model"] == "pass"
+    assert cells["test_dk_within_error_model"].startswith("FAIL: AssertionError: dk[b=0, i=1, h=0, c=3]")
+    assert "`fa2-verify repro --kernel sdpa-efficient --case '{\"batch\": 2}'`" in cells["test_dk_within_error_model"]
+    assert cells["test_lse_within_error_model"] == "unsupported: the kernel provides no LSE"
+
+
+def test_a_property_one_run_lacks_is_not_run(tmp_path):
+    first, second = tmp_path / "properties-a-ci-0.xml", tmp_path / "properties-b-ci-0.xml"
+    first.write_text(JUNIT)
+    second.write_text(JUNIT.replace('<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model"/>', ""))
+    rows = targets_table.table([first, second]).splitlines()
+    assert rows[0] == "| property | a-ci-0 | b-ci-0 |"
+    assert "| `test_out_within_error_model` | pass | not run |" in rows
