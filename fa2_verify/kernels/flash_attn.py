@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from typing import Any
 
 import torch
@@ -34,6 +35,15 @@ from fa2_verify.core.errors import UnsupportedCase
 
 #: flash-attn 2 supports head dims up to 256 that are multiples of 8.
 HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
+
+#: A build of flash-attn with a subset of its head-dim templates (ci/build-flash-attn.sh) declares the
+#: head dims it runs exactly, as a comma-separated list in this variable.
+HEAD_DIMS_ENV = "FA2_FLASH_ATTN_HEAD_DIMS"
+
+
+def _declared_head_dims() -> tuple[int, ...]:
+    listed = os.environ.get(HEAD_DIMS_ENV, "")
+    return tuple(int(dim) for dim in listed.split(",")) if listed else HEAD_DIMS
 
 
 def _package_installed() -> bool:
@@ -49,7 +59,7 @@ class FlashAttn:
 
     capabilities = Capabilities(
         dtypes={"cuda": ("float16", "bfloat16")},
-        head_dims=HEAD_DIMS,
+        head_dims=_declared_head_dims(),
         causal=True,
         window=True,
         gqa=True,
