@@ -19,11 +19,10 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fa2_verify.golden.options import GoldenOptions
+from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
 from fa2_verify.core.contract import UNBOUNDED, visible_mask
 from fa2_verify.kernels.reference import DEFERRED
 from fa2_verify.properties import harness, profiles
-from fa2_verify.properties.plugin import golden_cache_dir
 from fa2_verify.properties.session import Suite
 from tests.mutants import MUTANTS
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
@@ -33,7 +32,7 @@ CI = profiles.get("ci")
 
 @pytest.fixture(scope="module")
 def golden_options(pytestconfig) -> GoldenOptions:
-    return GoldenOptions(cache_dir=golden_cache_dir(pytestconfig.rootpath))
+    return GoldenOptions(cache_dir=shared_cache_dir(pytestconfig.rootpath))
 
 
 def _suite(name: str, target, golden_options: GoldenOptions, dtypes: tuple[str, ...] | None = None) -> Suite:

@@ -17,6 +17,7 @@ import sys
 import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from fa2_verify.golden import options
 from fa2_verify.properties import plugin, profiles
 
 pytest_plugins = ("pytester",)
@@ -41,7 +42,7 @@ def run(pytester, pytestconfig, monkeypatch):
     """Run pytest in a subprocess with the plugin loaded, as an installed plugin is."""
     paths = [str(pytester.path), str(pytestconfig.rootpath), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in paths if path))
-    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / plugin.GOLDEN_CACHE_DIR))
+    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / options.DEFAULT_CACHE_DIR))
 
     def run_pytest(*args: str):
         return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
@@ -161,10 +162,10 @@ def test_worker_threads_share_the_cores(cpus, workers, expected):
 
 
 def test_golden_cache_is_shared_under_the_rootdir_unless_set(monkeypatch, tmp_path):
-    monkeypatch.delenv(plugin.GOLDEN_CACHE_ENV, raising=False)
-    assert plugin.golden_cache_dir(tmp_path) == tmp_path / ".fa2-golden-cache"
-    monkeypatch.setenv(plugin.GOLDEN_CACHE_ENV, str(tmp_path / "mine"))
-    assert plugin.golden_cache_dir(tmp_path) == tmp_path / "mine"
+    monkeypatch.delenv(options.CACHE_ENV, raising=False)
+    assert options.shared_cache_dir(tmp_path) == tmp_path / ".fa2-golden-cache"
+    monkeypatch.setenv(options.CACHE_ENV, str(tmp_path / "mine"))
+    assert options.shared_cache_dir(tmp_path) == tmp_path / "mine"
 
 
 def test_ci_profile_is_derandomized_without_database_and_prints_blobs(tmp_path):

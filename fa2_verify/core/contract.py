@@ -23,7 +23,7 @@ aligned (:func:`visible_mask`).  A row that sees no key has ``out = 0``,
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, runtime_checkable
+from typing import Any, Mapping
 
 import torch
 
@@ -40,6 +40,11 @@ DTYPES: Mapping[str, torch.dtype] = {
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float16 -> "float16"``: the name used in capabilities and reports."""
     return str(dtype).removeprefix("torch.")
+
+
+def heads_first(tensor: torch.Tensor) -> torch.Tensor:
+    """The contract layout (batch, seqlen, heads, head_dim) viewed as (batch, heads, seqlen, head_dim), and back."""
+    return tensor.transpose(1, 2)
 
 
 def effective_window(causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
@@ -162,16 +167,3 @@ class Capabilities:
             "notes": list(self.notes),
             "device_head_dims": {device: list(dims) for device, dims in self.device_head_dims.items()},
         }
-
-
-@runtime_checkable
-class AttentionKernel(Protocol):
-    """The minimal contract (varlen entry points and ``config`` are optional)."""
-
-    capabilities: Capabilities
-
-    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)): ...
-
-    def backward(
-        self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1), deterministic=False
-    ): ...

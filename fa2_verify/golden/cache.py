@@ -17,18 +17,17 @@ an uncompressed ``.npz`` of the output arrays (loaded with pickles disabled).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import pathlib
-import tempfile
 import warnings
 import zipfile
 
 import numpy as np
 
+from fa2_verify.core.atomic import write_bytes_atomic
 from fa2_verify.core.errors import UsageError
 
 MAGIC = b"fa2-verify golden cache 1\n"
@@ -79,33 +78,20 @@ def load(cache_dir: pathlib.Path, entry_key: str, shapes: dict[str, tuple[int, .
 
 
 def store(cache_dir: pathlib.Path, entry_key: str, arrays: dict[str, np.ndarray], meta: dict) -> pathlib.Path:
-    """Write an entry atomically (temporary file + ``os.replace``); returns its path."""
+    """Write an entry atomically (:func:`core.atomic.write_bytes_atomic`); returns its path."""
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     payload = buffer.getvalue()
     header = {"key": entry_key, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "meta": meta}
     target = path(cache_dir, entry_key)
+    data = MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=f".{entry_key}.", suffix=".tmp")
+        return write_bytes_atomic(target, data, overwrite=True)
     except OSError as exc:
         raise UsageError(
             f"cache_dir={str(cache_dir)!r} is not a writable directory ({exc}): fix it or pass cache_dir=None"
         ) from None
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            stream.write(MAGIC)
-            stream.write(json.dumps(header, sort_keys=True).encode() + b"\n")
-            stream.write(payload)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return target
 
 
 def _parse(blob: bytes, entry_key: str, shapes: dict[str, tuple[int, ...]]):

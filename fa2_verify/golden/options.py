@@ -35,6 +35,14 @@ AUTO_FALLBACK_MAX_WORK = 2**22
 
 #: Directory of the golden cache when ``GoldenOptions.cache_dir`` is None.
 CACHE_ENV = "FA2_VERIFY_GOLDEN_CACHE"
+#: The golden cache of the CLI and the pytest plugin, under their root, when ``$FA2_VERIFY_GOLDEN_CACHE`` is unset.
+DEFAULT_CACHE_DIR = ".fa2-golden-cache"
+
+
+def shared_cache_dir(root: pathlib.Path) -> pathlib.Path:
+    """``$FA2_VERIFY_GOLDEN_CACHE`` if set and non-empty, else ``root / .fa2-golden-cache``: one cache per checkout."""
+    chosen = os.environ.get(CACHE_ENV, "")
+    return pathlib.Path(chosen) if chosen else root / DEFAULT_CACHE_DIR
 
 
 @dataclasses.dataclass(frozen=True)

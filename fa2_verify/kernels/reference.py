@@ -59,7 +59,7 @@ from typing import Any, Iterator
 
 import torch
 
-from fa2_verify.core.contract import DTYPES, UNBOUNDED, Capabilities, dtype_name, visible_mask
+from fa2_verify.core.contract import DTYPES, UNBOUNDED, Capabilities, dtype_name, heads_first, visible_mask
 from fa2_verify.core.errors import UsageError
 
 RESCALINGS = ("deferred", "eager")
@@ -111,9 +111,9 @@ class Tiles:
         return s.masked_fill(~self.visible[self.rows(i), self.cols(j)], NEG_INF)
 
 
-def _heads_first(x: torch.Tensor, dtype: torch.dtype, heads: torch.Tensor | None = None) -> torch.Tensor:
-    """(batch, seqlen, heads, head_dim) -> (batch, heads, seqlen, head_dim) in ``dtype``."""
-    x = x.transpose(1, 2)
+def _accumulated(x: torch.Tensor, dtype: torch.dtype, heads: torch.Tensor | None = None) -> torch.Tensor:
+    """``x`` heads first (:func:`core.contract.heads_first`), in ``dtype``, optionally at the heads ``heads``."""
+    x = heads_first(x)
     if heads is not None:
         x = x[:, heads]
     return x.to(dtype)
@@ -260,8 +260,8 @@ class TiledAttention:
         acc = self._accumulator_dtype(q.dtype)
         kv_heads = self._kv_heads(heads_q, k.shape[2], q.device)
         visible = self._visible(seqlen_q, k.shape[1], causal=causal, window_size=window_size, device=q.device)
-        qh = _heads_first(q, acc)
-        kh, vh, visible = self._forward_keys(_heads_first(k, acc, kv_heads), _heads_first(v, acc, kv_heads), visible)
+        qh = _accumulated(q, acc)
+        kh, vh, visible = self._forward_keys(_accumulated(k, acc, kv_heads), _accumulated(v, acc, kv_heads), visible)
         tiles = Tiles.build(visible, self.block_q, self.block_k)
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
@@ -311,9 +311,9 @@ class TiledAttention:
             self.block_q,
             self.block_k,
         )
-        qh, doh = _heads_first(q, acc), _heads_first(dout, acc)
-        kh, vh = _heads_first(k, acc, kv_heads), _heads_first(v, acc, kv_heads)
-        delta = self._delta(doh, _heads_first(out, acc))
+        qh, doh = _accumulated(q, acc), _accumulated(dout, acc)
+        kh, vh = _accumulated(k, acc, kv_heads), _accumulated(v, acc, kv_heads)
+        delta = self._delta(doh, _accumulated(out, acc))
         lse_h = lse.to(acc)
         lse_h = lse_h.masked_fill(lse_h == NEG_INF, math.inf)
         dq_acc = torch.zeros_like(qh)

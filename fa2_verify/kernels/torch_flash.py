@@ -53,6 +53,7 @@ from fa2_verify.core.contract import (
     Capabilities,
     dtype_name,
     effective_window,
+    heads_first,
     visible_mask,
     visible_ranges,
 )
@@ -170,25 +171,21 @@ class _CpuMask:
         self.attn_mask = None if unmasked else torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, -math.inf)
 
 
-def _heads_first(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    return tuple(t.transpose(1, 2) for t in tensors)
-
-
 def cpu_forward(q, k, v, *, softmax_scale: float, window: tuple[int, int]):
     mask = _CpuMask(q.shape[1], k.shape[1], window, q.dtype)
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        *_heads_first(q, k, v), 0.0, mask.is_causal, attn_mask=mask.attn_mask, scale=softmax_scale
+        *map(heads_first, (q, k, v)), 0.0, mask.is_causal, attn_mask=mask.attn_mask, scale=softmax_scale
     )
-    return out.transpose(1, 2), lse.to(torch.float32).masked_fill(mask.empty_rows, -math.inf)
+    return heads_first(out), lse.to(torch.float32).masked_fill(mask.empty_rows, -math.inf)
 
 
 def cpu_backward(dout, q, k, v, out, lse, *, softmax_scale: float, window: tuple[int, int]):
     mask = _CpuMask(q.shape[1], k.shape[1], window, q.dtype)
     lse = lse.to(torch.promote_types(q.dtype, torch.float32)).masked_fill(mask.empty_rows, 0.0)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        *_heads_first(dout, q, k, v, out), lse, 0.0, mask.is_causal, attn_mask=mask.attn_mask, scale=softmax_scale
+        *map(heads_first, (dout, q, k, v, out)), lse, 0.0, mask.is_causal, attn_mask=mask.attn_mask, scale=softmax_scale
     )
-    return _heads_first(dq, dk, dv)
+    return heads_first(dq), heads_first(dk), heads_first(dv)
 
 
 class TorchFlash:

@@ -3,7 +3,7 @@
 A case is shape + dtype + mask + softmax scale + value generator + seed; its
 tensors come from :func:`core.case.make_case`, so a counterexample is its
 spec and ``spec.reproduction(kernel)`` is the one-line reproduction.
-Everything drawn is inside the kernel's capabilities (STYLE rule 6): an
+Everything drawn is inside the kernel's capabilities (docs/properties.md, "Capabilities, not skips"): an
 unsupported combination is never generated, and a property that needs a
 missing capability is skipped by the plugin before any case is drawn.
 """

@@ -32,7 +32,7 @@ def masks(*, seqlen_q: int, seqlen_k: int, causal: bool = True, window: bool = T
     """``(causal, window_size)`` for a ``seqlen_q x seqlen_k`` score matrix.
 
     ``causal`` and ``window`` say whether the kernel supports them; an
-    unsupported feature is never drawn (STYLE rule 6).
+    unsupported feature is never drawn (docs/properties.md, "Capabilities, not skips").
     """
     check_int("seqlen_q", seqlen_q, min_value=0)
     check_int("seqlen_k", seqlen_k, min_value=0)

@@ -34,8 +34,6 @@ import pytest
 
 from fa2_verify.properties import profiles
 
-GOLDEN_CACHE_ENV = "FA2_VERIFY_GOLDEN_CACHE"
-GOLDEN_CACHE_DIR = ".fa2-golden-cache"
 EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_KERNEL = "reference"
 DEFAULT_DEVICE = "cpu"
@@ -173,16 +171,10 @@ def _validate_target(
     return device
 
 
-def golden_cache_dir(rootpath: pathlib.Path) -> pathlib.Path:
-    """``FA2_VERIFY_GOLDEN_CACHE`` if the user set it, else ``<rootdir>/.fa2-golden-cache`` (shared by workers)."""
-    chosen = os.environ.get(GOLDEN_CACHE_ENV)
-    return pathlib.Path(chosen) if chosen else rootpath / GOLDEN_CACHE_DIR
-
-
 @pytest.fixture(scope="session")
 def suite(request: pytest.FixtureRequest):
     """The :class:`properties.session.Suite` of this run: kernel, device, profile, golden options."""
-    from fa2_verify.golden.options import GoldenOptions
+    from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
     from fa2_verify.properties.session import Suite
     from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.verify.registry import load_kernel
@@ -196,7 +188,7 @@ def suite(request: pytest.FixtureRequest):
         kernel=kernel,
         device=options["device"],
         profile=profiles.get(options["profile"]),
-        golden_options=GoldenOptions(cache_dir=golden_cache_dir(request.config.rootpath)),
+        golden_options=GoldenOptions(cache_dir=shared_cache_dir(request.config.rootpath)),
         dtypes=options["dtypes"],
     )
 

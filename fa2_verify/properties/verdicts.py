@@ -8,7 +8,7 @@ output's score (the largest normalized error or difference) to
 the one-line reproduction with ``hypothesis.note``.  A kernel that declines a
 case at run time (:class:`~core.errors.UnsupportedCase`) has the example
 discarded and counted as unsupported.  Failure messages go through
-:func:`verify.metrics.describe_failure` (STYLE rule 5).
+:func:`verify.metrics.describe_failure` (docs/properties.md, "Failure messages").
 """
 
 from __future__ import annotations

@@ -32,8 +32,6 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.verify.corpus import Corpus
@@ -41,7 +39,7 @@ from fa2_verify.core.errors import BaselineError
 from fa2_verify.verify.metrics import QUANTILES, decode_float, encode_float
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.report_json import collect_environment, group_comparisons, max_quantiles
-from fa2_verify.verify.results import CaseResult, RunResult
+from fa2_verify.verify.results import CaseResult, RunResult, device_name
 
 SCHEMA = "fa2-verify/baseline"
 SCHEMA_VERSION = 1
@@ -51,14 +49,6 @@ BASELINE_METRICS: tuple[str, ...] = ("normalized", "ulp")
 
 #: Worse statuses win when repeats disagree.
 _STATUS_RANK = {"passed": 0, "unsupported": 1, "failed": 2, "error": 3}
-
-
-def device_name(device: str) -> str:
-    """The device identity a baseline is tied to: ``cpu``, or the CUDA device's name (e.g. an H100)."""
-    torch_device = torch.device(device)
-    if torch_device.type == "cuda":
-        return torch.cuda.get_device_name(torch_device)
-    return torch_device.type
 
 
 @dataclasses.dataclass(frozen=True)

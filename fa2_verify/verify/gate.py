@@ -28,7 +28,8 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline, device_name
+from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline
+from fa2_verify.verify.results import device_name
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, UsageError
 from fa2_verify.verify.metrics import OUTPUT_AXES, QUANTILES

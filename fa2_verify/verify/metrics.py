@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from fa2_verify.core.contract import dtype_name
 from fa2_verify.core.errors import GoldenError
 
 if TYPE_CHECKING:
@@ -300,7 +301,7 @@ def compare(
     mismatches = int(mismatch.sum())
     return OutputComparison(
         output=output,
-        dtype=str(dtype).removeprefix("torch."),
+        dtype=dtype_name(dtype),
         numel=expected.numel(),
         threshold=threshold,
         normalized=Distribution.of(normalized, NORMALIZED_EDGES),

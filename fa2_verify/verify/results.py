@@ -123,13 +123,19 @@ class RunResult:
         }
 
 
+def device_name(device: str) -> str:
+    """The device identity a baseline is tied to: ``cpu``, or the CUDA device's name (e.g. an H100)."""
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        return torch.cuda.get_device_name(torch_device)
+    return torch_device.type
+
+
 def environment(device: str) -> dict[str, Any]:
-    """Versions and hardware a run depends on: python, torch, CUDA, the device's name."""
-    device_type = torch.device(device).type
-    if device_type == "cuda":
-        device_name = torch.cuda.get_device_name(torch.device(device))
-    else:
-        device_name = platform.processor() or platform.machine()
+    """Versions and hardware a run depends on: python, torch, CUDA, the device's name (the CPU's model on a CPU)."""
+    identity = device_name(device)
+    if identity == "cpu":
+        identity = platform.processor() or platform.machine()
     return {
         "fa2_verify": __version__,
         "python": sys.version.split()[0],
@@ -137,5 +143,5 @@ def environment(device: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": device,
-        "device_name": device_name,
+        "device_name": identity,
     }

@@ -11,19 +11,14 @@ bad arguments or an existing ``--out`` without ``--overwrite``.
 
 from __future__ import annotations
 
-import os
 import pathlib
 
-from fa2_verify.golden.options import CACHE_ENV, GoldenOptions
+from fa2_verify.golden.options import CACHE_ENV, DEFAULT_CACHE_DIR, GoldenOptions, shared_cache_dir
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.cli.commands.corpus import add_corpus_option
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import load_corpus
 from fa2_verify.core.errors import ReportError, UsageError
-
-#: Golden cache of the corpus when neither --golden-cache nor $FA2_VERIFY_GOLDEN_CACHE is given.
-DEFAULT_GOLDEN_CACHE = pathlib.Path(".fa2-golden-cache")
-
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("baseline", help="record a kernel's baseline on the gate corpus")
@@ -49,13 +44,13 @@ def add_corpus_arguments(parser) -> None:
         "--golden-cache",
         type=pathlib.Path,
         metavar="DIR",
-        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_GOLDEN_CACHE})",
+        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_CACHE_DIR})",
     )
 
 
 def golden_options(args) -> GoldenOptions:
     """Golden options with the cache of ``--golden-cache``, ``$FA2_VERIFY_GOLDEN_CACHE`` or the default."""
-    cache = args.golden_cache or pathlib.Path(os.environ.get(CACHE_ENV) or DEFAULT_GOLDEN_CACHE)
+    cache = args.golden_cache or shared_cache_dir(pathlib.Path())
     return GoldenOptions(cache_dir=cache)
 
 

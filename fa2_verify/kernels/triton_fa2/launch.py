@@ -22,8 +22,6 @@ from fa2_verify.kernels.triton_fa2 import configs, kernels, validation
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
 from fa2_verify.kernels.triton_fa2.validation import Problem
 
-LOG2E = 1.4426950408889634
-
 #: Rows per program of the delta preprocess (interpreter: 16).
 PREPROCESS_ROWS = 128
 
@@ -108,7 +106,7 @@ def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig
         q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
         *_strides(out, problem.varlen), stride_lb, stride_lh,
-        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, problem.left, problem.right,
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value, problem.left, problem.right,
         HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
         VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.dtype), USE_TMA=use_tma,
         **_mask_flags(problem), num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -164,7 +162,7 @@ def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, determinist
     )
     common = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=varlen,
                   DOT_PRECISION=_dot_precision(problem.dtype), **_mask_flags(problem))
-    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
+    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value,
                problem.softmax_scale, problem.left, problem.right)
     dq_target = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv_tile = tiles["backward_kv"]
