@@ -41,8 +41,8 @@ def catch(name: str, target: object, profile: profiles.Profile) -> tuple[str, in
         options = GoldenOptions(cache_dir=pathlib.Path(cache))
         suite = Suite(LoadedKernel(f"tests.mutants:{name}", target), "cpu", profile, options)
         start = time.perf_counter()
-        for test in harness.property_tests():
-            result = harness.search(test, suite, settings)
+        for prop in harness.declared_properties():
+            result = harness.search(prop, suite, settings)
             if result.caught:
                 return result.test, result.examples, time.perf_counter() - start
         return "", 0, time.perf_counter() - start

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from tests.test_report_allure import ROOT, run_inner_suite
+from tests.helpers import ROOT, run_inner_suite
 from fa2_verify.cli import main as cli
 from fa2_verify.verify.allure_report import CHECKOUT_ALLURE
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.test_gate import COMMITTED, cases, summarize
+from tests.helpers import COMMITTED, cases, summarize
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.cli import main as cli
 from fa2_verify.verify import gate

@@ -10,46 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
 
 import pytest
 import torch
 
-from fa2_verify.core.contract import Capabilities
 from tests import degraded
-from tests.test_report import synthetic_result, synthetic_run
-from fa2_verify.verify import baseline as baselines
+from tests.helpers import CAPABILITIES, COMMITTED, cases, summarize, synthetic_result
 from fa2_verify.cli import main as cli
 from fa2_verify.verify import gate
 from fa2_verify.verify.corpus import Corpus, load_corpus, save_corpus
 from fa2_verify.core.errors import BaselineError, UsageError
-from fa2_verify.verify.registry import LoadedKernel, load_kernel
+from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_markdown import render_gate
-
-CAPABILITIES = Capabilities(dtypes={"cpu": ("float16", "float32")}, head_dims=(32, 64), deterministic_backward=True)
-
-
-class Synthetic:
-    """A stand-in target: only its capabilities matter to :func:`baselines.summarize`."""
-
-    def __init__(self, capabilities: Capabilities = CAPABILITIES):
-        self.capabilities = capabilities
-
-
-def summarize(*cases, capabilities: Capabilities = CAPABILITIES, repeats=None):
-    kernel = LoadedKernel(name="synthetic", target=Synthetic(capabilities))
-    corpus = Corpus(version=1, cases=tuple(case.spec for case in cases))
-    runs = [synthetic_run(*cases)] + [synthetic_run(*other) for other in (repeats or [])]
-    return baselines.summarize(kernel, corpus, runs, device="cpu", dtypes=("float16",), environment={})
-
-
-def cases(**out_scales):
-    """Three passing cases (two plain, one causal); ``out_scales`` multiplies a case's out error."""
-    return [
-        synthetic_result(name, seed=seed, causal=causal, scales={"out": 0.3 * out_scales.get(name, 1.0)})
-        for name, seed, causal in (("a", 1, False), ("b", 2, False), ("c", 3, True))
-    ]
-
 
 def test_same_run_passes_with_no_finding():
     baseline = summarize(*cases())
@@ -166,7 +138,6 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
 
 
 
-COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "fa2_verify" / "golden" / "baselines" / "reference-cpu.json"
 
 #: A few corpus cases, small and fast on the CPU: float16 and float32, none/causal/window, GQA/MQA.
 E2E_CASES = ("f16-causal-mqa-empty-rows", "f16-window-gqa", "f32-none-uniform-tiny", "f32-window-mqa")

@@ -15,8 +15,9 @@ import torch
 from fa2_verify import golden
 from fa2_verify.properties import relations
 from fa2_verify.properties.determinism import dq_spread_bound, key_blocks
-from fa2_verify.properties.varlen import VarlenSpec, pack
+from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import UsageError
 
 
 def _case(**overrides) -> CaseSpec:
@@ -126,10 +127,19 @@ def test_dq_spread_bound_holds_for_random_orders_and_is_not_vacuous(dtype):
 
 
 def test_pack_lays_sequences_end_to_end_with_empty_ones():
-    spec = VarlenSpec(seqlens=((3, 0), (0, 4), (2, 5)), heads_q=2, heads_kv=1, head_dim=8, dtype="float16")
+    spec = VarlenSpec.packing(((3, 0), (0, 4), (2, 5)), heads_q=2, heads_kv=1, head_dim=8, dtype="float16")
+    assert (spec.batch, spec.seqlen_q, spec.seqlen_k) == (3, 3, 5)
+    assert spec.sequence(1) == CaseSpec(
+        batch=1, seqlen_q=0, seqlen_k=4, heads_q=2, heads_kv=1, head_dim=8, dtype="float16", seed=1
+    )
     packed = pack(spec, "cpu")
     assert packed.cu_seqlens_q.tolist() == [0, 3, 3, 5] and packed.cu_seqlens_k.tolist() == [0, 0, 4, 9]
     assert packed.q.shape == (5, 2, 8) and packed.k.shape == (9, 1, 8)
     rows_q, rows_k = packed.rows(2)
     assert torch.equal(packed.q[rows_q], make_case(spec.sequence(2)).q[0])
     assert torch.equal(packed.k[rows_k], make_case(spec.sequence(2)).k[0])
+
+
+def test_a_varlen_spec_whose_sizes_disagree_with_its_seqlens_is_a_usage_error():
+    with pytest.raises(UsageError, match=r"seqlens=\[\[3, 0\]\] does not match batch=2"):
+        VarlenSpec(batch=2, seqlen_q=3, seqlen_k=0, heads_q=1, heads_kv=1, head_dim=8, dtype="float16", seqlens=((3, 0),))

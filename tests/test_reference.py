@@ -9,26 +9,11 @@ import torch
 
 from fa2_verify.kernels.reference import DEFERRED, EAGER, TiledAttention
 from tests import mutants
+from tests.helpers import DTYPES, MASKS, SHAPES
 from tests.naive import assert_matches, check_against_attention, make_inputs
 from fa2_verify.core.errors import UsageError
 from fa2_verify.verify.poison import poisoned
 
-DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-#: name -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
-SHAPES = {
-    "square": (2, 33, 33, 4, 4, 16),
-    "gqa-long-k": (1, 19, 70, 6, 2, 8),
-    "mqa-long-q": (2, 45, 17, 3, 1, 5),
-    "one-token": (1, 1, 1, 1, 1, 1),
-}
-MASKS = {
-    "none": {},
-    "causal": {"causal": True},
-    "window": {"window_size": (7, 3)},
-    "causal-window": {"causal": True, "window_size": (5, -1)},
-    "right-only": {"window_size": (-1, 2)},
-}
 KERNELS = {
     "deferred": DEFERRED,
     "eager": EAGER,

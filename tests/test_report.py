@@ -1,9 +1,5 @@
-"""tolerance.json (schema 2) and its Markdown summary, on synthetic case results.
-
-:func:`synthetic_result` builds a :class:`CaseResult` without a kernel or a
-golden: each output's error is ``scale`` times a fixed pattern of its bound,
-so a test can double one output's error exactly.
-"""
+"""tolerance.json (schema 2) and its Markdown summary, on synthetic case results
+(:func:`tests.helpers.synthetic_result`)."""
 
 from __future__ import annotations
 
@@ -27,58 +23,8 @@ from fa2_verify.verify.report_json import (
     write_tolerance_report,
 )
 from fa2_verify.verify.report_markdown import render_tolerance
-from fa2_verify.verify.results import CaseResult, RunResult
-
-OUTPUTS = ("out", "lse", "dq", "dk", "dv")
-
-
-def synthetic_result(
-    name: str,
-    *,
-    dtype: str = "float16",
-    causal: bool = False,
-    scale: float = 0.3,
-    scales: dict[str, float] | None = None,
-    status: str | None = None,
-    reason: str | None = None,
-    seed: int = 0,
-) -> CaseResult:
-    """A case whose outputs have normalized error ``scale * pattern``, pattern in [0, 1] (``scales`` per output)."""
-    spec = CaseSpec(
-        batch=1,
-        seqlen_q=8,
-        seqlen_k=8,
-        heads_q=2,
-        heads_kv=2,
-        head_dim=32,
-        dtype=dtype,
-        causal=causal,
-        seed=seed,
-        name=name,
-    )
-    if status in ("unsupported", "error"):
-        return CaseResult(spec=spec, kernel="synthetic", device="cpu", status=status, reason=reason)
-    generator = torch.Generator().manual_seed(seed)
-    comparisons = {}
-    for output in OUTPUTS:
-        shape = (1, 2, 8) if output == "lse" else (1, 8, 2, 32)
-        expected = torch.randn(shape, generator=generator, dtype=torch.float64)
-        bound = torch.full(shape, 1e-3, dtype=torch.float64)
-        pattern = torch.rand(shape, generator=generator, dtype=torch.float64)
-        output_scale = (scales or {}).get(output, scale)
-        actual = expected + output_scale * pattern * bound
-        comparisons[output] = metrics.compare(output, actual, expected, bound, threshold=1.0)
-    failed = any(not comparison.passed for comparison in comparisons.values())
-    return CaseResult(
-        spec=spec, kernel="synthetic", device="cpu", status="failed" if failed else "passed", comparisons=comparisons
-    )
-
-
-def synthetic_run(*cases: CaseResult) -> RunResult:
-    return RunResult(
-        kernel="synthetic", device="cpu", cases=list(cases), config={"block_m": 64}, thresholds={"out": 1.0}
-    )
-
+from fa2_verify.verify.results import RunResult
+from tests.helpers import synthetic_result, synthetic_run
 
 ENVIRONMENT = {
     "device": "cpu",

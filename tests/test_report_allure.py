@@ -12,80 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
-from tests.test_report import synthetic_result
+from tests.helpers import run_inner_suite, synthetic_result
 from fa2_verify.verify import allure_report
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import ReportError, UsageError
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-INNER_TEST = """
-from hypothesis import given, settings, strategies as st
-
-from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.verify.check import check_case
-from fa2_verify.verify.registry import load_kernel
-
-SPECS = [
-    CaseSpec(batch=1, seqlen_q=9, seqlen_k=12, heads_q=2, heads_kv=2, head_dim=32, dtype="float16", seed=1, name="f16"),
-    CaseSpec(batch=1, seqlen_q=12, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True,
-             seed=2, name="f16-causal-mqa"),
-    CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=32, dtype="float32",
-             window_size=(2, 1), seed=3, name="f32-window"),
-]
-
-
-RESULTS = []
-
-
-@settings(max_examples=len(SPECS), database=None, derandomize=True, deadline=None)
-@given(st.sampled_from(SPECS))
-def test_outputs_match_golden(spec):
-    result = check_case(load_kernel("reference"), make_case(spec))
-    RESULTS.append(result)
-    assert result.passed
-"""
-
-INNER_CONFTEST = """
-import pytest
-
-from fa2_verify.verify.allure_report import record_property_test
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item):
-    try:
-        return (yield)
-    finally:
-        record_property_test(item.name, item.module.RESULTS, kernel="reference", device="cpu")
-"""
-
-
-def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
-    """Run :data:`INNER_TEST` with ``--alluredir``; return the allure-results directory."""
-    test_file = directory / "test_inner_property.py"
-    test_file.write_text(INNER_TEST)
-    (directory / "conftest.py").write_text(INNER_CONFTEST)
-    results = directory / "allure-results"
-    environment = dict(os.environ, PYTHONPATH=str(ROOT))
-    completed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "--alluredir", str(results)],
-        cwd=directory,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
-    return results
-
 
 @pytest.fixture(scope="module")
 def allure_results(tmp_path_factory) -> pathlib.Path:

@@ -15,7 +15,7 @@ from fa2_verify.kernels import torch_flash
 from fa2_verify.core.contract import visible_mask
 from fa2_verify.kernels.torch_flash import KERNEL
 from tests.naive import assert_matches, attention, check_against_attention, make_inputs
-from tests.test_reference import DTYPES, MASKS, SHAPES
+from tests.helpers import DTYPES, MASKS, SHAPES
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel

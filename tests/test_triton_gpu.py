@@ -1,23 +1,24 @@
-"""The ``triton`` kernels on a CUDA GPU: the feature cases of benchmarks/bench_kernels.py
+"""The ``triton`` kernels on a CUDA GPU: the feature cases of :mod:`fa2_verify.bench.checks`
 (masks, GQA/MQA, odd seqlens, head dims 32..256, fp16/bf16/fp32, varlen with an empty
-sequence, strided inputs), outputs poisoned with NaN, both backward modes against float64,
-and the deterministic backward repeated bit for bit.  Skipped without a CUDA device."""
+sequence, strided inputs) through the product's check (poisoned outputs, golden, error
+model), both backward modes, and the deterministic backward repeated bit for bit.
+Skipped without a CUDA device."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import bench_kernels as bench
+from fa2_verify.bench import checks
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", bench.CHECK_CASES, ids=[case.name for case in bench.CHECK_CASES])
-def test_case_matches_float64(case) -> None:
-    result = bench.check_case(case)
+@pytest.mark.parametrize("case", checks.CHECK_CASES, ids=[case.name for case in checks.CHECK_CASES])
+def test_case_passes_the_check(case) -> None:
+    result = checks.check(case)
     assert result["passed"], result
 
 
 @pytest.mark.gpu
 def test_check_fails_a_wrong_mask() -> None:
-    """The comparison can fail: a causal output against the non-causal reference."""
-    assert bench.negative_control()["failed_as_it_must"]
+    """The check can fail: a causal output checked as the non-causal case."""
+    assert checks.negative_control()["failed_as_it_must"]

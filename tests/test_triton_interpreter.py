@@ -38,6 +38,7 @@ def run_check(name: str) -> subprocess.CompletedProcess:
         "varlen_matches_per_sequence",
         "strided_inputs_give_identical_results",
         "registry_and_capabilities_under_interpreter",
+        "bench_check_section_passes_and_fails_a_wrong_mask",
     ],
 )
 def test_interpreter_check(check: str) -> None:

@@ -181,3 +181,21 @@ def registry_and_capabilities_under_interpreter() -> None:
     assert calls[key]["forward"] == {"block_m": 16, "block_n": 16, "num_warps": 1, "num_stages": 1,
                                      "use_tma": False}, calls
     assert calls[key]["target"] == "interpreter" and calls[key]["tma_used"] is False, calls
+
+
+def bench_check_section_passes_and_fails_a_wrong_mask() -> None:
+    """:mod:`fa2_verify.bench.checks` on small cases: dense in a strided layout and varlen with empty
+    sequences pass the product's check in both backward modes; its negative control fails."""
+    from fa2_verify.bench import checks
+    from fa2_verify.core.case import CaseSpec
+    from fa2_verify.core.varlen import VarlenSpec
+
+    _kernel()
+    dense = CaseSpec(1, 37, 45, 2, 1, 32, "float16", causal=True, seed=3, name="interpreter-dense")
+    varlen = VarlenSpec.packing(((17, 0), (0, 9), (33, 40)), heads_q=2, heads_kv=2, head_dim=32, dtype="float32",
+                                window_size=(7, 3), seed=4, name="interpreter-varlen")
+    for case in (checks.CheckCase(dense, layout="heads-major"), checks.CheckCase(varlen)):
+        record = checks.check(case, device="cpu")
+        assert record["passed"], record
+    control = checks.negative_control(device="cpu", spec=dense)
+    assert control["failed_as_it_must"], control

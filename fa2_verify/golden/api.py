@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from fa2_verify.golden import cache, certify, fast, mp
-from fa2_verify.golden.inputs import Problem, prepare, to_contract
+from fa2_verify.golden.inputs import HeadMajorInputs, prepare, to_contract
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from fa2_verify.core.contract import effective_window
 from fa2_verify.core.errors import GoldenError, UsageError
@@ -105,7 +105,7 @@ def compute(
     return _result(arrays, method, bounds)
 
 
-def _key(problem: Problem, options: GoldenOptions, method: str) -> str:
+def _key(problem: HeadMajorInputs, options: GoldenOptions, method: str) -> str:
     tensors = {name: getattr(problem, name) for name in ("q", "k", "v", "dout")}
     dtypes = dict(zip(("q", "k", "v", "dout"), problem.dtypes))
     settings = {
@@ -118,7 +118,7 @@ def _key(problem: Problem, options: GoldenOptions, method: str) -> str:
     return cache.key({name: (dtypes[name], t) if t is not None else None for name, t in tensors.items()}, settings)
 
 
-def _shapes(problem: Problem) -> dict[str, tuple[int, ...]]:
+def _shapes(problem: HeadMajorInputs) -> dict[str, tuple[int, ...]]:
     rows = problem.q.shape[:3]
     shapes = {"out": problem.q.shape, "lse": rows}
     if problem.dout is not None:

@@ -42,7 +42,7 @@ from mpmath import libmp
 
 from fa2_verify.golden import rows as ref
 from fa2_verify.golden.fast import FastResult
-from fa2_verify.golden.inputs import Problem
+from fa2_verify.golden.inputs import HeadMajorInputs
 from fa2_verify.core.errors import GoldenError
 
 #: Largest certified error accepted, relative: 2**-40 is 2**16 times below
@@ -54,7 +54,7 @@ LIMIT = 2.0**-40
 UNDERFLOW = 2.0**-1022
 
 
-def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
+def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
     """Certified bounds per output name; raises ``GoldenError`` above :data:`LIMIT`.
 
     First, every value of every output must be finite (``lse`` on the rows
@@ -122,7 +122,7 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
     return {name: value for name, value in observed.items() if name not in ("delta", "offset")}
 
 
-def _require_finite(problem: Problem, fast: FastResult) -> None:
+def _require_finite(problem: HeadMajorInputs, fast: FastResult) -> None:
     seen = problem.mask.any(axis=1)
     arrays = {"lse": fast.lse[:, :, seen], **{name: getattr(fast, name) for name in ("out", "delta", "dq", "dk", "dv")}}
     for name, array in arrays.items():

@@ -48,7 +48,7 @@ import dataclasses
 import numpy as np
 
 from fa2_verify.golden.eft import dd_matmul, two_prod, two_sum
-from fa2_verify.golden.inputs import Problem
+from fa2_verify.golden.inputs import HeadMajorInputs
 
 #: Query rows are processed in blocks of about this many scores (8 MiB of
 #: float64 per temporary), which bounds memory and keeps temporaries in the
@@ -60,7 +60,7 @@ BLOCK_ELEMENTS = 2**20
 
 @dataclasses.dataclass(frozen=True)
 class FastResult:
-    """Outputs head-major as in :class:`golden.inputs.Problem`, rounded once to float64.
+    """Outputs head-major as in :class:`golden.inputs.HeadMajorInputs`, rounded once to float64.
 
     For the certification of dK and dV (:mod:`golden.certify`): ``lse_dd`` is
     ``(hi, lo)`` of LSE, ``pivot`` the key index ``p(i)`` of each row's largest
@@ -78,7 +78,7 @@ class FastResult:
     offset: np.ndarray | None
 
 
-def attention(problem: Problem) -> FastResult:
+def attention(problem: HeadMajorInputs) -> FastResult:
     """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows."""
     backward = problem.dout is not None
     rows = problem.q.shape[:3]

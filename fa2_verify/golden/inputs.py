@@ -22,8 +22,11 @@ from fa2_verify.core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """One attention problem, inputs exact in float64.
+class HeadMajorInputs:
+    """The golden's inputs, exact in float64 and head-major: tensors, not a case record.
+
+    The case record is :class:`core.case.CaseSpec`; this is what the golden
+    computes on, whatever case (or direct call) the tensors came from.
 
     ``q``, ``dout``: (batch, heads_q, seqlen_q, head_dim); ``k``, ``v``:
     (batch, heads_kv, seqlen_k, head_dim); ``dout`` is ``None`` for a forward-only
@@ -77,8 +80,8 @@ class Problem:
         return self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
 
 
-def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> Problem:
-    """Check the arguments of :func:`golden.compute` and build the exact :class:`Problem`."""
+def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorInputs:
+    """Check the arguments of :func:`golden.compute` and build the exact :class:`HeadMajorInputs`."""
     for name, tensor in (("q", q), ("k", k), ("v", v)) + ((("dout", dout),) if dout is not None else ()):
         _check_tensor(name, tensor)
     if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
@@ -104,7 +107,7 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> Problem:
     mask = visible_mask(seqlen_q, seqlen_k, causal=causal, window_size=window).numpy()
     tensors = (q, k, v) + ((dout,) if dout is not None else ())
     arrays = [_head_major(name, t) for name, t in zip(("q", "k", "v", "dout"), tensors)]
-    return Problem(
+    return HeadMajorInputs(
         q=arrays[0],
         k=arrays[1],
         v=arrays[2],

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 import mpmath
 import numpy as np
 
-from fa2_verify.golden.inputs import Problem
+from fa2_verify.golden.inputs import HeadMajorInputs
 
 Matrix = list[list]
 
@@ -45,7 +45,7 @@ def context(precision_bits: int) -> mpmath.ctx_mp.MPContext:
     return ctx
 
 
-def attention(problem: Problem, precision_bits: int) -> dict[str, np.ndarray | None]:
+def attention(problem: HeadMajorInputs, precision_bits: int) -> dict[str, np.ndarray | None]:
     """All outputs of ``problem`` in mpmath, each rounded once to float64 (head-major arrays)."""
     ctx = context(precision_bits)
     backward = problem.dout is not None
@@ -148,7 +148,7 @@ def _to_mpf(ctx, array: np.ndarray) -> list:
     return [_to_mpf(ctx, sub) for sub in array] if array.ndim > 1 else [ctx.mpf(float(x)) for x in array]
 
 
-def _shape(problem: Problem, name: str) -> tuple[int, ...]:
+def _shape(problem: HeadMajorInputs, name: str) -> tuple[int, ...]:
     if name in ("lse", "delta"):
         return problem.q.shape[:3]
     return problem.k.shape if name in ("dk", "dv") else problem.q.shape

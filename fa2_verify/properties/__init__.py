@@ -1,7 +1,7 @@
 """The property suite: Hypothesis drives a kernel with inputs that real bugs hide behind.
 
-``pytest properties --kernel=NAME|module:attr`` (or ``fa2-verify suite``) runs
-every property test against one kernel target; :mod:`properties.plugin` is
+``pytest --pyargs fa2_verify.properties --fa2-kernel=NAME|module:attr`` (or
+``fa2-verify suite``) runs every declared property against one kernel target; :mod:`properties.plugin` is
 the pytest plugin (entry point ``fa2_verify``) that provides the options, the
 profiles and the report.  The parts, one concept per module:
 
@@ -17,14 +17,17 @@ profiles and the report.  The parts, one concept per module:
   :mod:`~properties.runs` (calling the kernel), :mod:`~properties.relations`
   (metamorphic transformations) and :mod:`~properties.determinism` (the dQ
   spread bound);
-* :mod:`~properties.harness` (declaring and searching property tests) and
-  :mod:`~properties.session` (the per-run :class:`~properties.session.Suite`);
-* the tests: ``test_golden.py`` (every output against the mpmath golden),
-  ``test_metamorphic.py`` (the kernel against itself on related inputs) and
-  ``test_determinism.py``.
+* :mod:`~properties.declaration` (a property declared once: name, invariant,
+  check, breaker), :mod:`~properties.harness` (declarations made into tests,
+  and searched outside pytest) and :mod:`~properties.session` (the per-run
+  :class:`~properties.session.Suite`);
+* the declarations: ``test_golden.py`` (every output against the mpmath
+  golden), ``test_metamorphic.py`` (the kernel against itself on related
+  inputs) and ``test_determinism.py``.
 
-A property test draws a case (a spec: values come from a seeded generator of
-:mod:`core.values`, never element by element), runs the kernel and makes one
-assertion; a failure shrinks to a minimal case whose one-line reproduction is
-in the message.
+A property draws a case (a spec: values come from a seeded generator of
+:mod:`core.values`, never element by element), runs the kernel and raises
+:class:`~properties.declaration.PropertyFailure` when its invariant does not
+hold; a failure shrinks to a minimal case whose one-line reproduction is in the
+message.  docs/properties.md says how to add one.
 """

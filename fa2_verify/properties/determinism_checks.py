@@ -6,7 +6,6 @@ import torch
 
 from fa2_verify.properties import relations
 from fa2_verify.properties.determinism import config_block_k, dq_spread_bound
-from fa2_verify.properties.harness import Verdict
 from fa2_verify.properties.session import Suite
 from fa2_verify.properties.verdicts import call_kernel, conclude, golden_of, introduce
 from fa2_verify.core.case import CaseSpec, make_case
@@ -18,27 +17,23 @@ def _bitwise(name: str, first: torch.Tensor, again: torch.Tensor) -> OutputCompa
     return relations.compare_runs(name, first, again, torch.ones(first.shape, dtype=torch.float64), threshold=0.0)
 
 
-def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats: int) -> Verdict:
+def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats: int) -> None:
     """``outputs`` bitwise identical over ``1 + repeats`` calls on the same inputs."""
     statement = f"{', '.join(outputs)} bitwise identical across calls"
     introduce(suite, spec)
     case = make_case(spec, suite.device)
     runs = call_kernel(suite, spec, outputs[0], *([case] * (1 + repeats)))
-    if isinstance(runs, Verdict):
-        return runs
     comparisons = [_bitwise(name, runs[0][name], again[name]) for again in runs[1:] for name in outputs]
-    return conclude(suite, spec, statement, comparisons)
+    conclude(suite, spec, statement, comparisons)
 
 
-def dq_spread_bounded(suite: Suite, spec: CaseSpec, repeats: int) -> Verdict:
+def dq_spread_bounded(suite: Suite, spec: CaseSpec, repeats: int) -> None:
     """``|dq_r - dq_0| <= spread bound`` (docs/error-model.md, "Determinism of atomic dQ") over repeated backward calls."""
     statement = "dq run-to-run spread within the atomic-accumulation bound"
     introduce(suite, spec)
     case = make_case(spec, suite.device)
     runs = call_kernel(suite, spec, "dq", *([case] * (1 + repeats)))
-    if isinstance(runs, Verdict):
-        return runs
     dq_runs = [outputs["dq"] for outputs in runs]
     bound = dq_spread_bound(case, golden_of(suite, case), dq_runs, block_k=config_block_k(suite.kernel.config()))
     comparisons = [relations.compare_runs("dq", dq_runs[0], dq, bound, threshold=1.0) for dq in dq_runs[1:]]
-    return conclude(suite, spec, statement, comparisons)
+    conclude(suite, spec, statement, comparisons)

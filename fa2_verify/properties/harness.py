@@ -1,15 +1,14 @@
-"""How a property test is declared, checked and searched.
+"""Turning property declarations into tests, and searching one outside pytest.
 
-A property test is ``test_<quantity>_<invariant>`` (STYLE rule 7), decorated
-with :func:`property_test`: it takes the ``suite`` fixture and Hypothesis'
-``data``, draws a case, runs the kernel and makes one assertion,
-``assert verdict.passed, verdict.message``.  The decorator applies the
-selected profile's settings and records which capabilities the property
-needs; the plugin skips it, as unsupported and with the reason, when the
-kernel lacks one (STYLE rule 6: never inside the test body).
+A property is declared once (:mod:`properties.declaration`); :func:`build_test`
+makes it a Hypothesis test, ``@given(data=st.data())`` under the settings it is
+handed (the plugin passes the session's profile, docs/properties.md), marked
+with the capabilities it needs so the plugin skips it, as unsupported and with
+the reason, when the kernel lacks one (docs/properties.md, "Capabilities, not
+skips": never inside the test body).
 
-:func:`search` runs one property test under other settings outside pytest,
-stopping at the first failing example: the mutant test and
+:func:`search` runs one property under other settings outside pytest,
+stopping at the first failing example: the mutant tests and
 ``benchmarks/bench_mutants.py`` use it.
 """
 
@@ -23,18 +22,15 @@ from typing import Callable
 import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
+from hypothesis.errors import FlakyFailure
 
 from fa2_verify.properties import profiles
+from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.plugin import MARKER
 from fa2_verify.properties.session import Suite
-from fa2_verify.properties.validation import check_choices
 
-#: Capabilities a property can require (attributes of core.contract.Capabilities).
-REQUIREMENTS: tuple[str, ...] = ("backward", "deterministic_backward", "causal", "window", "gqa", "varlen")
-
-#: The modules holding the property tests, in the order :func:`property_tests` lists them.
+#: The modules declaring the properties, in the order :func:`declared_properties` lists them.
 PROPERTY_MODULES: tuple[str, ...] = (
     "fa2_verify.properties.test_golden",
     "fa2_verify.properties.test_metamorphic",
@@ -42,44 +38,31 @@ PROPERTY_MODULES: tuple[str, ...] = (
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The outcome of checking one example: ``message`` explains a failure (and how to reproduce it)."""
-
-    passed: bool
-    message: str = ""
-
-
-def property_test(*, requires: tuple[str, ...] = ()) -> Callable:
-    """Declare a property test: ``@given(data=st.data())`` under the selected profile's settings."""
-    needed = check_choices("requires", requires, REQUIREMENTS) if requires else ()
-
-    def decorate(test: Callable) -> Callable:
-        wrapped = given(data=st.data())(settings(profiles.selected_settings())(test))
-        wrapped.fa2_requires = needed
-        return getattr(pytest.mark, MARKER)(requires=needed)(wrapped)
-
-    return decorate
+def build_test(prop: Property, test_settings: settings) -> Callable:
+    """``prop`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under ``test_settings``."""
+    test = settings(test_settings)(given(data=st.data())(prop.check))
+    test.fa2_property = prop
+    return getattr(pytest.mark, MARKER)(requires=prop.requires)(test)
 
 
-def missing_requirement(test: Callable, suite: Suite) -> str | None:
-    """Why ``suite``'s kernel cannot run ``test`` here (unavailable, or a capability it lacks), or ``None``."""
+def missing_requirement(prop: Property, suite: Suite) -> str | None:
+    """Why ``suite``'s kernel cannot run ``prop`` here (unavailable, or a capability it lacks), or ``None``."""
     reason = suite.kernel.unavailable_reason(suite.device)
     if reason is not None:
         return f"{suite.kernel.name} cannot run here: {reason}"
-    for capability in getattr(test, "fa2_requires", ()):
+    for capability in prop.requires:
         if not getattr(suite.kernel.capabilities, capability):
             return f"{suite.kernel.name} lacks the capability {capability!r}"
     return None
 
 
-def property_tests() -> list[Callable]:
-    """Every property test, in module order then definition order."""
-    tests = []
+def declared_properties() -> list[Property]:
+    """Every declared property, in module order then declaration order."""
+    declared = []
     for module_name in PROPERTY_MODULES:
         module = importlib.import_module(module_name)
-        tests += [value for name, value in vars(module).items() if name.startswith("test_") and hasattr(value, "fa2_requires")]
-    return tests
+        declared += [value for value in vars(module).values() if isinstance(value, Property)]
+    return declared
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,22 +95,20 @@ def catch_settings(profile: profiles.Profile) -> settings:
     )
 
 
-def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int | None = None) -> SearchResult:
-    """Run property ``test`` against ``suite`` under ``search_settings``; stop at its first failure.
+def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int | None = None) -> SearchResult:
+    """Run ``prop`` against ``suite`` under ``search_settings``; stop at its first failure.
 
     ``seed`` fixes Hypothesis' random seed (for settings that are not derandomized).
 
-    A failure is an ``AssertionError`` from the property (a failed
-    ``Verdict``; the checks turn a kernel's exceptions into those), also when
-    it did not repeat on Hypothesis' replay (``FlakyFailure``: a
+    A failure is a :class:`~properties.declaration.PropertyFailure` (an
+    ``AssertionError``; the checks turn a kernel's exceptions into those), also
+    when it did not repeat on Hypothesis' replay (``FlakyFailure``: a
     nondeterministic kernel).  Anything else, such as a
     :class:`~core.errors.Fa2VerifyError` from fa2-verify itself, propagates.
     """
-    name = test.__name__
-    reason = missing_requirement(test, suite)
+    reason = missing_requirement(prop, suite)
     if reason is not None:
-        return SearchResult(name, False, reason, 0, 0.0, "")
-    inner = test.hypothesis.inner_test
+        return SearchResult(prop.name, False, reason, 0, 0.0, "")
     examples = 0
     first_failure: tuple[int, float] | None = None
 
@@ -135,7 +116,7 @@ def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int
         nonlocal examples, first_failure
         examples += 1
         try:
-            inner(suite, data)
+            prop.check(suite, data)
         except AssertionError:
             if first_failure is None:
                 first_failure = (examples, time.perf_counter() - start)
@@ -149,5 +130,5 @@ def search(test: Callable, suite: Suite, search_settings: settings, *, seed: int
         runner(suite)
     except (AssertionError, FlakyFailure) as failure:
         caught_after, seconds = first_failure if first_failure is not None else (examples, time.perf_counter() - start)
-        return SearchResult(name, True, None, caught_after, seconds, _message(failure))
-    return SearchResult(name, False, None, examples, time.perf_counter() - start, "")
+        return SearchResult(prop.name, True, None, caught_after, seconds, _message(failure))
+    return SearchResult(prop.name, False, None, examples, time.perf_counter() - start, "")

@@ -33,6 +33,7 @@ from typing import Any
 import pytest
 
 from fa2_verify.properties import profiles
+from fa2_verify.properties.declaration import Property
 
 EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_KERNEL = "reference"
@@ -118,7 +119,6 @@ def pytest_configure(config: pytest.Config) -> None:
         raise _usage("--fa2-profile", profile_name, f"not a profile: use one of {', '.join(profiles.PROFILES)}")
     examples = config.getoption("fa2_examples_dir")
     database_dir = pathlib.Path(examples) if examples else config.rootpath / EXAMPLES_DIR
-    profiles.select(profile_name, database_dir=database_dir)
     kernel_name = config.getoption("fa2_kernel") or DEFAULT_KERNEL
     device = config.getoption("fa2_device") or DEFAULT_DEVICE
     dtypes_option = config.getoption("fa2_dtypes")
@@ -127,7 +127,13 @@ def pytest_configure(config: pytest.Config) -> None:
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
-    config.stash[_options_key] = {"kernel": kernel_name, "device": device, "profile": profile_name, "dtypes": dtypes}
+    config.stash[_options_key] = {
+        "kernel": kernel_name,
+        "device": device,
+        "profile": profile_name,
+        "dtypes": dtypes,
+        "database_dir": database_dir,
+    }
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
 
 
@@ -193,6 +199,18 @@ def suite(request: pytest.FixtureRequest):
     )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object):
+    """A declared property (:class:`~properties.declaration.Property`) becomes a test under the session's profile."""
+    if not isinstance(obj, Property):
+        return None
+    from fa2_verify.properties.harness import build_test
+
+    options = collector.config.stash[_options_key]
+    test_settings = profiles.settings_for(profiles.get(options["profile"]), database_dir=options["database_dir"])
+    return pytest.Function.from_parent(collector, name=name, callobj=build_test(obj, test_settings))
+
+
 def _is_property(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
@@ -203,7 +221,7 @@ def pytest_runtest_setup(item: pytest.Item):
     if _is_property(item):
         from fa2_verify.properties.harness import missing_requirement
 
-        reason = missing_requirement(item.obj, item.funcargs["suite"])
+        reason = missing_requirement(item.obj.fa2_property, item.funcargs["suite"])
         if reason is not None:
             item.user_properties.append((_UNSUPPORTED, reason))
             pytest.skip(f"unsupported: {reason}")

@@ -19,9 +19,11 @@ A profile is an example budget, a randomness policy and the shape limits
   environment Hypothesis would otherwise load its own ``ci`` profile and drop
   the database; a CI job keeps the directory as an artifact and restores it.
 
-The property tests take their settings from :func:`settings_for`, never from
-Hypothesis' global profile, so loading the plugin changes nothing for other
-test suites.  Importing this module is cheap (the plugin does it in every
+The property tests take their settings from :func:`settings_for`, which the
+plugin calls with the session's profile when it turns the declarations into
+tests, never from Hypothesis' global profile or a module-level selection, so
+loading the plugin changes nothing for other test suites and import order
+does not matter.  Importing this module is cheap (the plugin does it in every
 pytest run); Hypothesis is imported when settings are first built.
 """
 
@@ -130,23 +132,3 @@ def settings_for(profile: Profile, *, database_dir: pathlib.Path | None):
         phases=tuple(Phase) if profile.targeting else tuple(phase for phase in Phase if phase is not Phase.target),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-
-
-_selected: tuple[Profile, pathlib.Path | None] = (PROFILES["dev"], None)
-
-
-def select(name: str, *, database_dir: pathlib.Path | None) -> Profile:
-    """Make ``name`` the profile property tests are decorated with (the plugin calls this)."""
-    global _selected
-    _selected = (get(name), database_dir)
-    return _selected[0]
-
-
-def selected() -> Profile:
-    return _selected[0]
-
-
-def selected_settings():
-    """The ``hypothesis.settings`` of the selected profile (``dev`` without a database until selected)."""
-    profile, database_dir = _selected
-    return settings_for(profile, database_dir=database_dir)

@@ -11,44 +11,40 @@ import dataclasses
 import torch
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.harness import Verdict
 from fa2_verify.properties.session import Suite
 from fa2_verify.properties.verdicts import GRADIENTS, bounds_of, call_kernel, compare, conclude, introduce
 from fa2_verify.verify import error_model
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.layouts import in_layout
 
 
-def keys_permuted(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
+def keys_permuted(suite: Suite, spec: CaseSpec, output: str) -> None:
     """``output(Q, PK, PV) = output(Q, K, V)`` for an unmasked case and a key permutation P."""
     statement = f"{output}(q, k[perm], v[perm]) = {output}(q, k, v)"
     introduce(suite, spec)
     case = make_case(spec, suite.device)
     permuted, _ = relations.permute_keys(case)
     runs = call_kernel(suite, spec, output, case, permuted, backward=False)
-    if isinstance(runs, Verdict):
-        return runs
     tolerance = 2 * bounds_of(suite, case)[output]
-    return conclude(suite, spec, statement, [compare(output, runs[0][output], runs[1][output], tolerance)])
+    conclude(suite, spec, statement, [compare(output, runs[0][output], runs[1][output], tolerance)])
 
 
-def scores_shifted(suite: Suite, spec: CaseSpec, output: str) -> Verdict:
+def scores_shifted(suite: Suite, spec: CaseSpec, output: str) -> None:
     """``O(S + t) = O(S)`` and ``LSE(S + t) = LSE(S) + t`` for a per-row shift ``t``."""
     statement = "out(S + t) = out(S)" if output == "out" else "lse(S + t) = lse(S) + t"
     introduce(suite, spec)
     base, shifted, shift = relations.shift_scores(make_case(spec, suite.device))
     runs = call_kernel(suite, spec, output, base, shifted, backward=False)
-    if isinstance(runs, Verdict):
-        return runs
     tolerance = bounds_of(suite, base)[output] + bounds_of(suite, shifted)[output]
     first = runs[0][output]
     if output == "lse":
         # Adding t in float64 rounds once more: u_64 |lse + t| beyond both runs' bounds.
         first = first.to("cpu", torch.float64) + shift
         tolerance = tolerance + error_model.unit_roundoff(torch.float64) * first.abs()
-    return conclude(suite, spec, statement, [compare(output, first, runs[1][output], tolerance)])
+    conclude(suite, spec, statement, [compare(output, first, runs[1][output], tolerance)])
 
 
-def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head: int | None = None) -> Verdict:
+def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head: int | None = None) -> None:
     """``out[b]`` (or query head ``h``) unchanged when every other batch element (every other head) changes."""
     axis = f"batch {batch}" if batch is not None else f"query head {head}"
     statement = f"out of {axis} is independent of the other inputs"
@@ -57,17 +53,15 @@ def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head:
     other = make_case(dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32), suite.device)
     mixed = relations.replace_except(case, other, batch=batch, head=head)
     runs = call_kernel(suite, spec, "out", case, mixed, backward=False)
-    if isinstance(runs, Verdict):
-        return runs
     if batch is not None:
         kept = (slice(batch, batch + 1), slice(None), slice(None))
     else:
         kept = (slice(None), slice(None), slice(head, head + 1))
     tolerance = 2 * bounds_of(suite, case)["out"][kept]
-    return conclude(suite, spec, statement, [compare("out", runs[0].out[kept], runs[1].out[kept], tolerance)])
+    conclude(suite, spec, statement, [compare("out", runs[0].out[kept], runs[1].out[kept], tolerance)])
 
 
-def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> Verdict:
+def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> None:
     """GQA equals MHA with K, V repeated over each group: same out; dk, dv are the group sums of MHA's.
 
     The MHA gradients of a group are summed in float64 and rounded once to
@@ -79,8 +73,6 @@ def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> Verdic
     case = make_case(spec, suite.device)
     mha = relations.repeat_kv(case)
     runs = call_kernel(suite, spec, outputs[0], case, mha)
-    if isinstance(runs, Verdict):
-        return runs
     group = spec.heads_q // spec.heads_kv
     gqa_bounds, mha_bounds = bounds_of(suite, case), bounds_of(suite, mha)
     comparisons = []
@@ -94,10 +86,10 @@ def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> Verdic
             rounding = error_model.unit_roundoff(spec.torch_dtype) * magnitude
             tolerance = gqa_bounds[output] + relations.group_sum(mha_bounds[output], group) + rounding
         comparisons.append(compare(output, runs[0][output], second, tolerance))
-    return conclude(suite, spec, statement, comparisons)
+    conclude(suite, spec, statement, comparisons)
 
 
-def causal_as_window(suite: Suite, spec: CaseSpec) -> Verdict:
+def causal_as_window(suite: Suite, spec: CaseSpec) -> None:
     """``causal=True, window=(left, w)`` equals ``causal=False, window=(left, 0)``."""
     left = spec.window_size[0]
     statement = f"out(causal, window=({left}, *)) = out(window=({left}, 0))"
@@ -105,32 +97,26 @@ def causal_as_window(suite: Suite, spec: CaseSpec) -> Verdict:
     case = make_case(spec, suite.device)
     windowed = dataclasses.replace(case, spec=dataclasses.replace(spec, causal=False, window_size=(left, 0)))
     runs = call_kernel(suite, spec, "out", case, windowed, backward=False)
-    if isinstance(runs, Verdict):
-        return runs
     tolerance = 2 * bounds_of(suite, case)["out"]
-    return conclude(suite, spec, statement, [compare("out", runs[0].out, runs[1].out, tolerance)])
+    conclude(suite, spec, statement, [compare("out", runs[0].out, runs[1].out, tolerance)])
 
 
-def causal_prefix(suite: Suite, spec: CaseSpec, rows: int) -> Verdict:
+def causal_prefix(suite: Suite, spec: CaseSpec, rows: int) -> None:
     """The first ``rows`` rows of a causal output from the first queries and keys alone equal the full call's."""
     statement = f"out(q[:{rows}], k[:{rows}+sk-sq], v[:{rows}+sk-sq]) = out(q, k, v)[:{rows}]"
     introduce(suite, spec)
     case = make_case(spec, suite.device)
     runs = call_kernel(suite, spec, "out", case, relations.causal_prefix(case, rows), backward=False)
-    if isinstance(runs, Verdict):
-        return runs
     tolerance = 2 * bounds_of(suite, case)["out"][:, :rows]
-    return conclude(suite, spec, statement, [compare("out", runs[0].out[:, :rows], runs[1].out, tolerance)])
+    conclude(suite, spec, statement, [compare("out", runs[0].out[:, :rows], runs[1].out, tolerance)])
 
 
-def layout_invariant(suite: Suite, spec: CaseSpec, layout: str) -> Verdict:
+def layout_invariant(suite: Suite, spec: CaseSpec, layout: str) -> None:
     """Every output is the same when q, k, v and dout are non-contiguous views (``layout``) of the same values."""
     statement = f"outputs({layout} inputs) = outputs(contiguous inputs)"
     introduce(suite, spec)
     case = make_case(spec, suite.device)
-    runs = call_kernel(suite, spec, "out", case, relations.in_layout(case, layout))
-    if isinstance(runs, Verdict):
-        return runs
+    runs = call_kernel(suite, spec, "out", case, in_layout(case, layout))
     bounds = bounds_of(suite, case)
     names = ("out", "lse", *GRADIENTS) if spec.backward else ("out", "lse")
-    return conclude(suite, spec, statement, [compare(name, runs[0][name], runs[1][name], 2 * bounds[name]) for name in names])
+    conclude(suite, spec, statement, [compare(name, runs[0][name], runs[1][name], 2 * bounds[name]) for name in names])

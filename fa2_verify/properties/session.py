@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from fa2_verify.properties.cases import Limits, case_specs
 from fa2_verify.properties.profiles import Profile
-from fa2_verify.properties.varlen import VarlenSpec, varlen_specs
+from fa2_verify.core.varlen import VarlenSpec
+from fa2_verify.properties.varlen import varlen_specs
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.verify.metrics import decode_float, encode_float
 from fa2_verify.verify.registry import LoadedKernel

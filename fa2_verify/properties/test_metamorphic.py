@@ -10,69 +10,62 @@ from hypothesis import strategies as st
 
 from fa2_verify.core.contract import UNBOUNDED
 from fa2_verify.properties import masks, relation_checks
-from fa2_verify.properties.harness import property_test
-from fa2_verify.properties.relations import LAYOUTS
+from fa2_verify.properties.declaration import declare
+from fa2_verify.core.layouts import LAYOUTS
 
 
-@property_test()
+@declare(breaker="tests.breakers:FIRST_KEY_LEAK")
 def test_out_invariant_under_key_permutation(suite, data):
     """out(q, k[perm], v[perm]) = out(q, k, v) without a mask."""
     spec = data.draw(suite.cases(masked=False), label="case")
-    verdict = relation_checks.keys_permuted(suite, spec, "out")
-    assert verdict.passed, verdict.message
+    relation_checks.keys_permuted(suite, spec, "out")
 
 
-@property_test()
+@declare(breaker="tests.breakers:LEVEL_DEPENDENT_OUT")
 def test_out_invariant_under_score_shift(suite, data):
     """out(S + t 1^T) = out(S) for a per-row shift t of the scores S."""
     spec = data.draw(suite.cases(), label="case")
-    verdict = relation_checks.scores_shifted(suite, spec, "out")
-    assert verdict.passed, verdict.message
+    relation_checks.scores_shifted(suite, spec, "out")
 
 
-@property_test()
+@declare(breaker="tests.mutants:LSE_BASE2")
 def test_lse_shifts_with_score_shift(suite, data):
     """lse(S + t 1^T) = lse(S) + t for a per-row shift t of the scores S."""
     spec = data.draw(suite.cases(), label="case")
-    verdict = relation_checks.scores_shifted(suite, spec, "lse")
-    assert verdict.passed, verdict.message
+    relation_checks.scores_shifted(suite, spec, "lse")
 
 
-@property_test()
+@declare(breaker="tests.breakers:BATCH_LEAK")
 def test_out_independent_across_batch(suite, data):
     """out(x)[b] = out(x')[b] whenever x[b] = x'[b]."""
     spec = data.draw(suite.cases(min_batch=2), label="case")
     batch = data.draw(st.integers(0, spec.batch - 1), label="kept batch element")
-    verdict = relation_checks.independent(suite, spec, batch=batch)
-    assert verdict.passed, verdict.message
+    relation_checks.independent(suite, spec, batch=batch)
 
 
-@property_test()
+@declare(breaker="tests.mutants:GQA_WRONG_HEAD")
 def test_out_independent_across_heads(suite, data):
     """out(x)[:, :, h] = out(x')[:, :, h] whenever q, dout agree on head h and k, v on its kv head."""
     spec = data.draw(suite.cases(min_heads_q=2), label="case")
     head = data.draw(st.integers(0, spec.heads_q - 1), label="kept query head")
-    verdict = relation_checks.independent(suite, spec, head=head)
-    assert verdict.passed, verdict.message
+    relation_checks.independent(suite, spec, head=head)
 
 
-@property_test(requires=("gqa",))
+@declare(breaker="tests.mutants:GQA_WRONG_HEAD", requires=("gqa",))
 def test_out_gqa_equals_mha_with_repeated_kv(suite, data):
     """out(q, k, v) = out(q, repeat(k), repeat(v)), K and V repeated over each group of query heads."""
     spec = data.draw(suite.cases(min_group=2), label="case")
-    verdict = relation_checks.gqa_as_mha(suite, spec, ("out",))
-    assert verdict.passed, verdict.message
+    relation_checks.gqa_as_mha(suite, spec, ("out",))
 
 
-@property_test(requires=("gqa", "backward"))
+@declare(breaker="tests.mutants:DK_DV_GQA_NOT_SUMMED", requires=("gqa", "backward"))
 def test_dkv_gqa_equals_group_sum_of_mha(suite, data):
     """dk, dv of GQA = sum over each group of dk, dv of MHA with repeated K and V."""
     spec = data.draw(suite.cases(min_group=2, backward=True), label="case")
-    verdict = relation_checks.gqa_as_mha(suite, spec, ("dk", "dv"))
-    assert verdict.passed, verdict.message
+    relation_checks.gqa_as_mha(suite, spec, ("dk", "dv"))
 
 
-@property_test(requires=("causal", "window"))
+@declare(breaker="tests.breakers:CAUSAL_PATH_SHIFT", requires=("causal", "window"))
 def test_out_causal_equals_window_left_zero(suite, data):
     """out(causal=True, window=(left, w)) = out(causal=False, window=(left, 0))."""
     unmasked = data.draw(suite.cases(masked=False), label="case")
@@ -81,24 +74,21 @@ def test_out_causal_equals_window_left_zero(suite, data):
         label="left",
     )
     spec = dataclasses.replace(unmasked, causal=True, window_size=(left, UNBOUNDED))
-    verdict = relation_checks.causal_as_window(suite, spec)
-    assert verdict.passed, verdict.message
+    relation_checks.causal_as_window(suite, spec)
 
 
-@property_test(requires=("causal",))
+@declare(breaker="tests.mutants:CAUSAL_SHIFT", requires=("causal",))
 def test_out_causal_prefix_ignores_later_queries(suite, data):
     """out(q[:m], k[:m+d], v[:m+d], causal) = out(q, k, v, causal)[:m], d = seqlen_k - seqlen_q."""
     unmasked = data.draw(suite.cases(masked=False), label="case")
     spec = dataclasses.replace(unmasked, causal=True)
     rows = data.draw(st.integers(max(1, 1 + spec.seqlen_q - spec.seqlen_k), spec.seqlen_q), label="rows kept")
-    verdict = relation_checks.causal_prefix(suite, spec, rows)
-    assert verdict.passed, verdict.message
+    relation_checks.causal_prefix(suite, spec, rows)
 
 
-@property_test()
+@declare(breaker="tests.breakers:STRIDE_BLIND")
 def test_outputs_invariant_under_layout(suite, data):
     """outputs(views of x in a non-contiguous layout) = outputs(x contiguous)."""
     spec = data.draw(suite.cases(backward=suite.kernel.capabilities.backward), label="case")
     layout = data.draw(st.sampled_from(LAYOUTS[1:]), label="layout")
-    verdict = relation_checks.layout_invariant(suite, spec, layout)
-    assert verdict.passed, verdict.message
+    relation_checks.layout_invariant(suite, spec, layout)

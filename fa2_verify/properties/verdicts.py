@@ -1,7 +1,8 @@
-"""What every property check shares: running the kernel, the golden and its bounds, and verdicts.
+"""What every property check shares: running the kernel, the golden and its bounds, scores and failures.
 
 A check takes the :class:`~properties.session.Suite` and a drawn case and
-returns a :class:`~properties.harness.Verdict`.  On the way it reports each
+returns when the invariant holds, else raises
+:class:`~properties.declaration.PropertyFailure`.  On the way it reports each
 output's score (the largest normalized error or difference) to
 ``hypothesis.target``, so the search climbs toward the worst inputs, and to
 :meth:`Suite.observe`, so the run reports the worst case found; it attaches
@@ -20,7 +21,7 @@ import torch
 from hypothesis import note, reject, target
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.harness import Verdict
+from fa2_verify.properties.declaration import PropertyFailure
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
@@ -52,11 +53,11 @@ def declined(suite: Suite, reason: str) -> NoReturn:
     reject()
 
 
-def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> Verdict:
-    """The verdict for a kernel that raised or broke the contract."""
+def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> NoReturn:
+    """Fail the example of a kernel that raised or broke the contract."""
     suite.observe(label, math.inf, spec)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
-    return Verdict(False, describe_failure(result))
+    raise PropertyFailure(describe_failure(result))
 
 
 def golden_of(suite: Suite, case: Case) -> Any:
@@ -69,14 +70,14 @@ def bounds_of(suite: Suite, case: Case) -> dict[str, torch.Tensor]:
     return error_model.first_order_bounds(case, golden_of(suite, case))
 
 
-def call_kernel(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool | None = None) -> list[Outputs] | Verdict:
-    """The kernel's outputs on each case, or the failed verdict of a kernel that raised or broke the contract."""
+def call_kernel(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool | None = None) -> list[Outputs]:
+    """The kernel's outputs on each case; a kernel that raised or broke the contract fails the example."""
     try:
         return [run(suite.kernel, case, backward=backward) for case in cases]
     except UnsupportedCase as exc:
         declined(suite, str(exc))
     except KernelFailure as failure:
-        return failed_run(suite, spec, label, str(failure))
+        failed_run(suite, spec, label, str(failure))
 
 
 def compare(output: str, first: torch.Tensor, second: torch.Tensor, tolerance: torch.Tensor) -> OutputComparison:
@@ -84,7 +85,7 @@ def compare(output: str, first: torch.Tensor, second: torch.Tensor, tolerance: t
     return relations.compare_runs(output, first, second, tolerance, threshold=error_model.THRESHOLDS[output])
 
 
-def conclude(suite: Suite, spec: CaseSpec, statement: str, comparisons: list[OutputComparison]) -> Verdict:
+def conclude(suite: Suite, spec: CaseSpec, statement: str, comparisons: list[OutputComparison]) -> None:
     """Score each output by its largest normalized difference, then fail on the first broken comparison."""
     scores: dict[str, float] = {}
     for comparison in comparisons:
@@ -93,12 +94,11 @@ def conclude(suite: Suite, spec: CaseSpec, statement: str, comparisons: list[Out
         score(suite, output, spec, value)
     broken = next((comparison for comparison in comparisons if not comparison.passed), None)
     if broken is None:
-        return Verdict(True)
+        return
     result = CaseResult(
         spec=spec, kernel=suite.kernel.name, device=suite.device, status="failed", comparisons={broken.output: broken}
     )
-    return Verdict(
-        False,
+    raise PropertyFailure(
         f"relation {statement} does not hold for {broken.output} ('expected' is the related run):\n"
-        + describe_failure(result, broken.output),
+        + describe_failure(result, broken.output)
     )

@@ -30,7 +30,8 @@ from fa2_verify import golden as golden_module
 from fa2_verify.verify import error_model, lowprec, metrics
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import UnsupportedCase
-from fa2_verify.verify.kernel_call import KernelFailure, run_case
+from fa2_verify.core.varlen import Packed
+from fa2_verify.verify.kernel_call import KernelFailure, run_case, run_varlen
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.results import CaseResult, RunResult, environment
 
@@ -103,6 +104,58 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
     status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
     golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
     return result(status, comparisons=comparisons, golden=golden_record)
+
+
+def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = None) -> list[CaseResult]:
+    """A packed batch through the varlen entry points; each sequence compared with its own golden.
+
+    One result per sequence (spec :meth:`core.varlen.VarlenSpec.sequence`), in
+    order.  An unsupported batch, or a kernel that raised or broke the contract,
+    gives every sequence that status and reason (steps 1 to 3 of the module
+    docstring); otherwise each sequence's rows of the packed outputs are
+    compared as :func:`check_case` compares a case (step 4).
+    """
+    device = str(packed.q.device)
+
+    def every(status: str, reason: str) -> list[CaseResult]:
+        return [
+            CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason)
+            for case in packed.cases
+        ]
+
+    reason = kernel.unavailable_reason(device) or packed.spec.unsupported_reason(kernel.capabilities, device)
+    if reason is not None:
+        return every("unsupported", reason)
+    try:
+        actual = run_varlen(kernel, packed)
+    except UnsupportedCase as exc:
+        return every("unsupported", str(exc))
+    except KernelFailure as exc:
+        return every("error", str(exc))
+    results = []
+    for index, case in enumerate(packed.cases):
+        rows_q, rows_k = packed.rows(index)
+        packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
+        golden = golden_for(case, golden_options)
+        bounds = error_model.first_order_bounds(case, golden)
+        comparisons = {
+            name: metrics.compare(
+                name,
+                tensor[packed_rows[name]].unsqueeze(0),
+                getattr(golden, name),
+                bounds[name],
+                threshold=error_model.THRESHOLDS[name],
+            )
+            for name, tensor in actual.items()
+        }
+        status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
+        golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
+        results.append(
+            CaseResult(
+                spec=case.spec, kernel=kernel.name, device=device, status=status, comparisons=comparisons, golden=golden_record
+            )
+        )
+    return results
 
 
 def run_cases(

@@ -18,6 +18,7 @@ import torch
 from fa2_verify.core.contract import dtype_name
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.core.varlen import Packed
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import LoadedKernel
 
@@ -106,4 +107,37 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
                 case.dout, case.q, case.k, case.v, out, lse, deterministic=spec.deterministic, **masking
             ),
         )
+    return outputs
+
+
+def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = None) -> dict[str, torch.Tensor]:
+    """``forward_varlen`` (and, if ``backward``, by default ``packed.spec.backward``, ``backward_varlen``) on a packed batch.
+
+    Outputs are in the packed layout; ``lse`` comes back as (heads_q, total_q), flash-attn's varlen layout.
+    """
+    spec = packed.spec
+    total_q, total_k = packed.q.shape[0], packed.k.shape[0]
+    dtype = packed.q.dtype
+    packed_q, packed_kv = "(total_q, heads_q, head_dim)", "(total_k, heads_kv, head_dim)"
+    layouts = {
+        "out": ((total_q, spec.heads_q, spec.head_dim), dtype, packed_q),
+        "lse": ((spec.heads_q, total_q), torch.float32, "(heads_q, total_q)"),
+        "dq": ((total_q, spec.heads_q, spec.head_dim), dtype, packed_q),
+        "dk": ((total_k, spec.heads_kv, spec.head_dim), dtype, packed_kv),
+        "dv": ((total_k, spec.heads_kv, spec.head_dim), dtype, packed_kv),
+    }
+    lengths = (packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_seqlen_q, packed.max_seqlen_k)
+    masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    outputs = call_entry(
+        kernel, "forward_varlen", ("out", "lse"), layouts, packed.q.device,
+        lambda: kernel.target.forward_varlen(packed.q, packed.k, packed.v, *lengths, **masking),
+    )  # fmt: skip
+    if spec.backward if backward is None else backward:
+        out, lse = outputs["out"], outputs["lse"]
+        outputs |= call_entry(
+            kernel, "backward_varlen", ("dq", "dk", "dv"), layouts, packed.q.device,
+            lambda: kernel.target.backward_varlen(
+                packed.dout, packed.q, packed.k, packed.v, out, lse, *lengths, deterministic=spec.deterministic, **masking
+            ),
+        )  # fmt: skip
     return outputs

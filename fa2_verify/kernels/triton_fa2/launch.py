@@ -51,7 +51,7 @@ def _dot_precision(dtype: torch.dtype) -> str:
 def _tiles(problem: Problem, passes: tuple[str, ...], override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
     target = configs.target_for(problem.device, kernels.INTERPRET)
     seqlen = max(problem.seqlen_q, problem.seqlen_k)
-    chosen = {name: configs.select(target, name, problem.dtype, problem.block_d, seqlen) for name in passes}
+    chosen = {name: configs.select(target, name, problem.torch_dtype, problem.block_d, seqlen) for name in passes}
     if override:
         chosen.update({name: tile for name, tile in override.items() if name in passes})
     return chosen
@@ -80,9 +80,9 @@ def _use_tma(tile: TileConfig, problem: Problem, tensors: tuple[torch.Tensor, ..
     GPU, 16-bit data, 16-byte aligned base pointers and (batch, sequence, head) strides."""
     if not tile.use_tma or kernels.INTERPRET or problem.device.type != "cuda":
         return False
-    if problem.dtype == torch.float32 or torch.cuda.get_device_capability(problem.device)[0] < 9:
+    if problem.torch_dtype == torch.float32 or torch.cuda.get_device_capability(problem.device)[0] < 9:
         return False
-    size = problem.dtype.itemsize
+    size = problem.torch_dtype.itemsize
     for tensor in tensors:
         if tensor.data_ptr() % 16 or any(stride * size % 16 for stride in _strides(tensor, problem.varlen)):
             return False
@@ -108,7 +108,7 @@ def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig
         *_strides(out, problem.varlen), stride_lb, stride_lh,
         problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value, problem.left, problem.right,
         HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.dtype), USE_TMA=use_tma,
+        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.torch_dtype), USE_TMA=use_tma,
         **_mask_flags(problem), num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     return use_tma
@@ -161,7 +161,7 @@ def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, determinist
         HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen,
     )
     common = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=varlen,
-                  DOT_PRECISION=_dot_precision(problem.dtype), **_mask_flags(problem))
+                  DOT_PRECISION=_dot_precision(problem.torch_dtype), **_mask_flags(problem))
     scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value,
                problem.softmax_scale, problem.left, problem.right)
     dq_target = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)

@@ -2,8 +2,10 @@
 
 Each bad argument raises a :class:`~core.errors.UsageError` naming it, its
 value and the fix; a valid call outside the kernel's capabilities raises
-:class:`~core.errors.UnsupportedCase`.  The checks return a
-:class:`Problem`, the sizes and mask every launch needs.
+:class:`~core.errors.UnsupportedCase` with the reason the contract's
+``Capabilities.unsupported_reason`` gives.  The checks return a
+:class:`Problem`: the call as a case record (:class:`~core.case.CaseSpec`)
+with what a launch adds, its device and packing.
 """
 
 from __future__ import annotations
@@ -14,29 +16,31 @@ import numbers
 
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, dtype_name, effective_window
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.contract import DTYPES, UNBOUNDED, dtype_name, effective_window
 from fa2_verify.kernels.triton_fa2 import environment
 from fa2_verify.core.errors import UnsupportedCase, UsageError
 
 
 @dataclasses.dataclass(frozen=True)
-class Problem:
-    """Sizes and mask of one call. For varlen, ``batch`` counts sequences and the
-    seqlens are the maxima; ``cu_seqlens_*`` are int32 CUDA/CPU tensors."""
+class Problem(CaseSpec):
+    """One call: a :class:`~core.case.CaseSpec` of its sizes, dtype, mask and scale, plus the launch's ``device``.
 
-    batch: int
-    seqlen_q: int
-    seqlen_k: int
-    heads_q: int
-    heads_kv: int
-    head_dim: int
-    dtype: torch.dtype
-    device: torch.device
-    softmax_scale: float
-    left: int
-    right: int
+    For varlen, ``batch`` counts sequences and the seqlens are the maxima;
+    ``cu_seqlens_*`` are the int32 offsets on the call's device.
+    """
+
+    device: torch.device = torch.device("cpu")
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
+
+    @property
+    def left(self) -> int:
+        return effective_window(self.causal, self.window_size)[0]
+
+    @property
+    def right(self) -> int:
+        return effective_window(self.causal, self.window_size)[1]
 
     @property
     def varlen(self) -> bool:
@@ -55,7 +59,7 @@ class Problem:
         """A key naming the call shape, used to record the configuration chosen."""
         layout = "varlen" if self.varlen else "dense"
         return (
-            f"{entry} {layout} {dtype_name(self.dtype)} head_dim={self.head_dim} batch={self.batch} "
+            f"{entry} {layout} {self.dtype} head_dim={self.head_dim} batch={self.batch} "
             f"seqlen_q={self.seqlen_q} seqlen_k={self.seqlen_k} heads_q={self.heads_q} heads_kv={self.heads_kv} "
             f"window=({self.left},{self.right})"
         )
@@ -93,26 +97,28 @@ def _check_scale(softmax_scale) -> float:
     return scale
 
 
-def _check_support(q: torch.Tensor, head_dim: int) -> None:
+def _check_support(problem: Problem) -> Problem:
+    """``problem`` if this kernel runs it here, else :class:`UnsupportedCase` with the reason."""
     env = environment.current()
     reason = env.unavailable_reason()
     if reason is not None:
         raise UnsupportedCase(f"triton kernel: {reason}")
-    capabilities = env.capabilities
-    device_type = q.device.type
-    if device_type not in capabilities.dtypes:
-        supported = ", ".join(sorted(capabilities.dtypes)) or "none"
-        raise UnsupportedCase(
-            f"device={device_type} is not supported here (supported: {supported}); "
-            "cpu needs TRITON_INTERPRET=1 before importing kernels.triton_fa2"
-        )
-    if dtype_name(q.dtype) not in capabilities.dtypes[device_type]:
-        raise UnsupportedCase(
-            f"dtype={dtype_name(q.dtype)} is not supported on {device_type} "
-            f"(supported: {', '.join(capabilities.dtypes[device_type])})"
-        )
-    if head_dim not in capabilities.head_dims:
-        raise UnsupportedCase(f"head_dim={head_dim} is not supported: use a multiple of 8 from 32 to 256")
+    device = problem.device.type
+    reason = problem.unsupported_reason(env.capabilities, device) or env.capabilities.unsupported_reason(
+        device=device, dtype=problem.dtype, head_dim=problem.head_dim, varlen=problem.varlen
+    )
+    if reason is not None:
+        hint = "; cpu needs TRITON_INTERPRET=1 before importing kernels.triton_fa2" if reason.startswith("device=") else ""
+        raise UnsupportedCase(f"triton kernel: {reason}{hint}")
+    return problem
+
+
+def _dtype_of(q: torch.Tensor) -> str:
+    """q's dtype name; a dtype the contract does not know is a usage error."""
+    name = dtype_name(q.dtype)
+    if name not in DTYPES:
+        raise UsageError(f"q.dtype={name} is not a floating dtype of the contract: use one of {', '.join(DTYPES)}")
+    return name
 
 
 def _check_same(names: tuple[str, ...], tensors: tuple[torch.Tensor, ...]) -> None:
@@ -143,11 +149,11 @@ def check_forward(q, k, v, *, softmax_scale, causal, window_size) -> Problem:
     _check_heads(heads_q, k.shape[2], v.shape, k.shape)
     if k.shape[0] != batch or k.shape[3] != head_dim:
         raise UsageError(f"k.shape={tuple(k.shape)} does not match q.shape={tuple(q.shape)} in batch or head_dim")
-    _check_support(q, head_dim)
-    left, right = effective_window(bool(causal), _check_window(window_size))
-    return Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=k.shape[1], heads_q=heads_q, heads_kv=k.shape[2],
-                   head_dim=head_dim, dtype=q.dtype, device=q.device, softmax_scale=_check_scale(softmax_scale),
-                   left=left, right=right)
+    return _check_support(
+        Problem(batch=batch, seqlen_q=seqlen_q, seqlen_k=k.shape[1], heads_q=heads_q, heads_kv=k.shape[2],
+                head_dim=head_dim, dtype=_dtype_of(q), causal=bool(causal), window_size=_check_window(window_size),
+                softmax_scale=_check_scale(softmax_scale), backward=False, device=q.device)
+    )
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, total: int, max_seqlen, device: torch.device) -> torch.Tensor:
@@ -180,17 +186,17 @@ def check_forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     _check_heads(heads_q, k.shape[1], v.shape, k.shape)
     if k.shape[2] != head_dim:
         raise UsageError(f"k.shape={tuple(k.shape)} does not match q.shape={tuple(q.shape)} in head_dim")
-    _check_support(q, head_dim)
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, total_q, max_seqlen_q, q.device)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, q.device)
     if cu_q.numel() != cu_k.numel():
         raise UsageError(f"cu_seqlens_q has {cu_q.numel()} offsets and cu_seqlens_k {cu_k.numel()}: "
                          "pass one offset per sequence boundary in both")
-    left, right = effective_window(bool(causal), _check_window(window_size))
-    return Problem(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_k=int(max_seqlen_k),
-                   heads_q=heads_q, heads_kv=k.shape[1], head_dim=head_dim, dtype=q.dtype, device=q.device,
-                   softmax_scale=_check_scale(softmax_scale), left=left, right=right,
-                   cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    return _check_support(
+        Problem(batch=cu_q.numel() - 1, seqlen_q=int(max_seqlen_q), seqlen_k=int(max_seqlen_k),
+                heads_q=heads_q, heads_kv=k.shape[1], head_dim=head_dim, dtype=_dtype_of(q), causal=bool(causal),
+                window_size=_check_window(window_size), softmax_scale=_check_scale(softmax_scale), backward=False,
+                device=q.device, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
+    )
 
 
 def check_backward_extras(problem: Problem, q: torch.Tensor, dout, out, lse) -> None:

@@ -1,0 +1,56 @@
+"""A property of the suite, declared once as data (docs/properties.md, "Adding a property").
+
+A declaration is one function decorated with :func:`declare`::
+
+    @declare(breaker="tests.mutants:SKIP_RESCALE")
+    def test_out_within_error_model(suite, data):
+        \"\"\"|out - out*| <= tau_out * B^O, elementwise (eq. 2).\"\"\"
+        golden_checks.against_golden(suite, data.draw(suite.cases(), label="case"), "out")
+
+Its name is the test's, ``test_<quantity>_<invariant>``; its docstring is the
+invariant as an equation; its body draws a case from the ``suite`` with
+Hypothesis' ``data`` and checks it, raising :class:`PropertyFailure` when the
+invariant does not hold; ``requires`` names the capabilities it needs;
+``breaker`` is the kernel target (``module:attr``) that breaks exactly this
+invariant and must be caught (``tests/test_mutants_caught.py``).  The pytest
+plugin turns each declaration into a Hypothesis test under the session's
+profile (:func:`properties.harness.build_test`).
+
+Importing this module is cheap: the plugin recognises declarations with it
+in every pytest run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from fa2_verify.properties.validation import check_choices
+
+#: Capabilities a property can require (attributes of core.contract.Capabilities).
+REQUIREMENTS: tuple[str, ...] = ("backward", "deterministic_backward", "causal", "window", "gqa", "varlen")
+
+
+class PropertyFailure(AssertionError):
+    """The invariant does not hold on the drawn example; the message explains it and how to reproduce it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Property:
+    """One declared property: ``name``, ``invariant`` (an equation), ``check(suite, data)``, ``requires``, ``breaker``."""
+
+    name: str
+    invariant: str
+    check: Callable[[Any, Any], None]
+    breaker: str
+    requires: tuple[str, ...] = ()
+
+
+def declare(*, breaker: str, requires: tuple[str, ...] = ()) -> Callable[[Callable[[Any, Any], None]], Property]:
+    """Declare the decorated ``test_<quantity>_<invariant>(suite, data)`` as a :class:`Property`."""
+    needed = check_choices("requires", requires, REQUIREMENTS) if requires else ()
+
+    def decorate(check: Callable[[Any, Any], None]) -> Property:
+        return Property(name=check.__name__, invariant=(check.__doc__ or "").strip(), check=check, breaker=breaker, requires=needed)
+
+    return decorate

@@ -1,0 +1,186 @@
+"""What several test modules share: synthetic results, the gate's synthetic target, the attention
+test grid and the inner Allure suite.  Test modules import this module (and ``tests.naive``,
+``tests.mutants``, ``tests.breakers``, ``tests.degraded``), never each other.
+
+:func:`synthetic_result` builds a :class:`CaseResult` without a kernel or a
+golden: each output's error is ``scale`` times a fixed pattern of its bound,
+so a test can double one output's error exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import torch
+
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.contract import Capabilities
+from fa2_verify.verify import baseline as baselines
+from fa2_verify.verify import metrics
+from fa2_verify.verify.corpus import Corpus
+from fa2_verify.verify.registry import LoadedKernel
+from fa2_verify.verify.results import CaseResult, RunResult
+
+OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+
+
+def synthetic_result(
+    name: str,
+    *,
+    dtype: str = "float16",
+    causal: bool = False,
+    scale: float = 0.3,
+    scales: dict[str, float] | None = None,
+    status: str | None = None,
+    reason: str | None = None,
+    seed: int = 0,
+) -> CaseResult:
+    """A case whose outputs have normalized error ``scale * pattern``, pattern in [0, 1] (``scales`` per output)."""
+    spec = CaseSpec(
+        batch=1,
+        seqlen_q=8,
+        seqlen_k=8,
+        heads_q=2,
+        heads_kv=2,
+        head_dim=32,
+        dtype=dtype,
+        causal=causal,
+        seed=seed,
+        name=name,
+    )
+    if status in ("unsupported", "error"):
+        return CaseResult(spec=spec, kernel="synthetic", device="cpu", status=status, reason=reason)
+    generator = torch.Generator().manual_seed(seed)
+    comparisons = {}
+    for output in OUTPUTS:
+        shape = (1, 2, 8) if output == "lse" else (1, 8, 2, 32)
+        expected = torch.randn(shape, generator=generator, dtype=torch.float64)
+        bound = torch.full(shape, 1e-3, dtype=torch.float64)
+        pattern = torch.rand(shape, generator=generator, dtype=torch.float64)
+        output_scale = (scales or {}).get(output, scale)
+        actual = expected + output_scale * pattern * bound
+        comparisons[output] = metrics.compare(output, actual, expected, bound, threshold=1.0)
+    failed = any(not comparison.passed for comparison in comparisons.values())
+    return CaseResult(
+        spec=spec, kernel="synthetic", device="cpu", status="failed" if failed else "passed", comparisons=comparisons
+    )
+
+
+def synthetic_run(*cases: CaseResult) -> RunResult:
+    return RunResult(
+        kernel="synthetic", device="cpu", cases=list(cases), config={"block_m": 64}, thresholds={"out": 1.0}
+    )
+
+
+
+CAPABILITIES = Capabilities(dtypes={"cpu": ("float16", "float32")}, head_dims=(32, 64), deterministic_backward=True)
+
+
+class Synthetic:
+    """A stand-in target: only its capabilities matter to :func:`baselines.summarize`."""
+
+    def __init__(self, capabilities: Capabilities = CAPABILITIES):
+        self.capabilities = capabilities
+
+
+def summarize(*cases, capabilities: Capabilities = CAPABILITIES, repeats=None):
+    kernel = LoadedKernel(name="synthetic", target=Synthetic(capabilities))
+    corpus = Corpus(version=1, cases=tuple(case.spec for case in cases))
+    runs = [synthetic_run(*cases)] + [synthetic_run(*other) for other in (repeats or [])]
+    return baselines.summarize(kernel, corpus, runs, device="cpu", dtypes=("float16",), environment={})
+
+
+def cases(**out_scales):
+    """Three passing cases (two plain, one causal); ``out_scales`` multiplies a case's out error."""
+    return [
+        synthetic_result(name, seed=seed, causal=causal, scales={"out": 0.3 * out_scales.get(name, 1.0)})
+        for name, seed, causal in (("a", 1, False), ("b", 2, False), ("c", 3, True))
+    ]
+
+
+
+COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "fa2_verify" / "golden" / "baselines" / "reference-cpu.json"
+
+DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+#: name -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
+SHAPES = {
+    "square": (2, 33, 33, 4, 4, 16),
+    "gqa-long-k": (1, 19, 70, 6, 2, 8),
+    "mqa-long-q": (2, 45, 17, 3, 1, 5),
+    "one-token": (1, 1, 1, 1, 1, 1),
+}
+MASKS = {
+    "none": {},
+    "causal": {"causal": True},
+    "window": {"window_size": (7, 3)},
+    "causal-window": {"causal": True, "window_size": (5, -1)},
+    "right-only": {"window_size": (-1, 2)},
+}
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+INNER_TEST = """
+from hypothesis import given, settings, strategies as st
+
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import load_kernel
+
+SPECS = [
+    CaseSpec(batch=1, seqlen_q=9, seqlen_k=12, heads_q=2, heads_kv=2, head_dim=32, dtype="float16", seed=1, name="f16"),
+    CaseSpec(batch=1, seqlen_q=12, seqlen_k=9, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True,
+             seed=2, name="f16-causal-mqa"),
+    CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=32, dtype="float32",
+             window_size=(2, 1), seed=3, name="f32-window"),
+]
+
+
+RESULTS = []
+
+
+@settings(max_examples=len(SPECS), database=None, derandomize=True, deadline=None)
+@given(st.sampled_from(SPECS))
+def test_outputs_match_golden(spec):
+    result = check_case(load_kernel("reference"), make_case(spec))
+    RESULTS.append(result)
+    assert result.passed
+"""
+
+INNER_CONFTEST = """
+import pytest
+
+from fa2_verify.verify.allure_report import record_property_test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    try:
+        return (yield)
+    finally:
+        record_property_test(item.name, item.module.RESULTS, kernel="reference", device="cpu")
+"""
+
+
+def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
+    """Run :data:`INNER_TEST` with ``--alluredir``; return the allure-results directory."""
+    test_file = directory / "test_inner_property.py"
+    test_file.write_text(INNER_TEST)
+    (directory / "conftest.py").write_text(INNER_CONFTEST)
+    results = directory / "allure-results"
+    environment = dict(os.environ, PYTHONPATH=str(ROOT))
+    completed = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file), "--alluredir", str(results)],
+        cwd=directory,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return results
+
+
