@@ -1,8 +1,8 @@
 """Degraded copies of correct kernels, for showing that the gate fails them.
 
 :class:`DoubledOutError` wraps a kernel and, when ``degrade`` is on, returns
-``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` a float64 attention
-computed in the wrapper: the error of ``out`` doubles while the kernel name,
+``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` the float64 attention
+of :mod:`tests.naive`: the error of ``out`` doubles while the kernel name,
 capabilities and the other outputs' code stay the same.  ``degrade`` starts
 from the environment variable ``FA2_DEGRADE_OUT=1`` so that the same target
 name can record a baseline and then be gated degraded from the command line
@@ -15,9 +15,7 @@ from __future__ import annotations
 import functools
 import os
 
-import torch
-
-from fa2_verify.core.contract import visible_mask
+from tests.naive import attention
 from fa2_verify.verify.registry import load_kernel
 
 
@@ -43,12 +41,7 @@ class DoubledOutError:
         out, lse = self.kernel.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
         if not self.degrade:
             return out, lse
-        group = q.shape[2] // k.shape[2]
-        k64, v64 = (t.double().repeat_interleave(group, dim=2) for t in (k, v))
-        scores = torch.einsum("bihc,bjhc->bhij", q.double(), k64) * softmax_scale
-        visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size, device=q.device)
-        weights = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
-        expected = torch.einsum("bhij,bjhc->bihc", weights, v64)
+        expected, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
         return (expected + 2 * (out.double() - expected)).to(out.dtype), lse
 
     def backward(self, *args, **kwargs):

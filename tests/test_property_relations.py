@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from fa2_verify import golden
+from fa2_verify.core import layouts
 from fa2_verify.properties import relations
 from fa2_verify.properties.determinism import dq_spread_bound, key_blocks
 from fa2_verify.core.varlen import VarlenSpec, pack
@@ -69,10 +70,10 @@ def test_causal_prefix_keeps_the_diagonal():
     assert (prefix.spec.seqlen_q, prefix.spec.seqlen_k) == (3, 7) and prefix.q.is_contiguous()
 
 
-@pytest.mark.parametrize("layout", relations.LAYOUTS)
+@pytest.mark.parametrize("layout", layouts.LAYOUTS)
 def test_layouts_are_the_same_values_in_other_memory(layout):
     tensor = _case().q
-    arranged = relations.to_layout(tensor, layout)
+    arranged = layouts.to_layout(tensor, layout)
     assert torch.equal(arranged, tensor) and arranged.stride(-1) == 1
     assert arranged.is_contiguous() == (layout == "contiguous")
 

@@ -6,8 +6,11 @@ returns quietly.  They run in a child process started by
 anything imports Triton, so that the interpreter mode never leaks into other
 tests.  Shapes are tiny (the interpreter runs each tile op in NumPy) but span
 several 16x16 tiles (the interpreter's tile table), so the masked, whole and
-tail tile ranges all run.  Expected values: float64 attention of
-:mod:`tests.naive`, within :data:`tests.naive.FA2_TOLERANCE`.
+tail tile ranges all run.  Numbers are checked by the product's one path
+(:func:`fa2_verify.verify.check.check_case` and ``check_varlen``: poisoned
+outputs, the golden, the error model), through :mod:`fa2_verify.bench.checks`
+where both backward modes are wanted; the layout and empty-row checks compare
+bits and exact values.
 """
 
 from __future__ import annotations
@@ -17,8 +20,14 @@ import os
 
 import torch
 
-from tests.naive import FA2_TOLERANCE, assert_matches, attention, attention_grads, make_inputs
+from fa2_verify.bench import checks
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.varlen import VarlenSpec, pack
+from fa2_verify.verify.check import check_case, check_varlen
+from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.poison import poisoned
+from fa2_verify.verify.registry import load_kernel
+from tests.naive import make_inputs
 
 SCALE = 0.3
 
@@ -40,60 +49,34 @@ def _kernel():
     return KERNEL
 
 
-def _same_infinities(lse: torch.Tensor) -> torch.Tensor:
-    """The contract allows +-inf for a row that sees no key; the naive reference writes -inf."""
-    return torch.where(torch.isinf(lse), -math.inf, lse)
-
-
-def _check_case(kernel, name, shape, mask, dtype, *, deterministic=False, reference_mask=None) -> None:
-    q, k, v, dout = make_inputs(shape, dtype, seed=len(name))
-    tol = FA2_TOLERANCE[dtype]
-    with poisoned("cpu"):
-        out, lse = kernel.forward(q, k, v, softmax_scale=SCALE, **mask)
-        grads = kernel.backward(dout, q, k, v, out, lse, softmax_scale=SCALE, deterministic=deterministic, **mask)
-    expected_mask = mask if reference_mask is None else reference_mask
-    expected_out, expected_lse = attention(q, k, v, softmax_scale=SCALE, **expected_mask)
-    expected_grads = attention_grads(dout, q, k, v, softmax_scale=SCALE, **expected_mask)
-    label = f"{name} {dtype}"
-    assert (out.dtype, out.shape, lse.dtype, lse.shape) == (dtype, q.shape, torch.float32, expected_lse.shape), label
-    assert_matches(f"{label} out", out, expected_out, tol.out)
-    assert_matches(f"{label} lse", _same_infinities(lse), expected_lse, tol.lse)
-    for grad_name, actual, expected in zip(("dq", "dk", "dv"), grads, expected_grads):
-        assert (actual.dtype, actual.shape) == (dtype, expected.shape), f"{label} {grad_name}"
-        assert_matches(f"{label} {grad_name}", actual, expected, tol.grads)
+def _spec(name: str, dtype: str) -> CaseSpec:
+    shape, mask = CASES[name]
+    return CaseSpec(*shape, dtype, softmax_scale=SCALE, seed=len(name), name=name, **mask)
 
 
 def forward_backward_match_naive() -> None:
-    """out, lse, dq, dk, dv = float64 attention for every case, float16 and float32, atomic dq."""
-    kernel = _kernel()
-    for dtype in (torch.float32, torch.float16):
-        for name, (shape, mask) in CASES.items():
-            _check_case(kernel, name, shape, mask, dtype)
+    """out, lse, dq, dk, dv of every case, float16 and float32, atomic dq, pass the product's check."""
+    _kernel()
+    kernel = load_kernel("triton")
+    for dtype in ("float32", "float16"):
+        for name in CASES:
+            result = check_case(kernel, make_case(_spec(name, dtype)))
+            assert result.passed, describe_failure(result)
 
 
 def deterministic_backward_matches_and_repeats() -> None:
-    """deterministic=True: the same gradients within tolerance, and bit for bit on a second call."""
-    kernel = _kernel()
+    """deterministic=True: the gradients pass the check too, and repeat bit for bit on a second call."""
+    _kernel()
     for name in ("window-gqa-d40", "mqa-causal-sq>sk"):
-        shape, mask = CASES[name]
-        _check_case(kernel, name, shape, mask, torch.float16, deterministic=True)
-        q, k, v, dout = make_inputs(shape, torch.float16, seed=1)
-        out, lse = kernel.forward(q, k, v, softmax_scale=SCALE, **mask)
-        first, second = (kernel.backward(dout, q, k, v, out, lse, softmax_scale=SCALE, deterministic=True, **mask)
-                         for _ in range(2))
-        for grad_name, a, b in zip(("dq", "dk", "dv"), first, second):
-            assert torch.equal(a, b), f"{name}: deterministic {grad_name} differs between two calls"
+        record = checks.check(checks.CheckCase(_spec(name, "float16")), device="cpu")
+        assert record["passed"], record
 
 
 def comparison_fails_on_wrong_mask() -> None:
-    """The comparison above can fail: a causal kernel checked against a non-causal reference."""
-    kernel = _kernel()
-    shape, mask = CASES["causal-odd"]
-    try:
-        _check_case(kernel, "causal-odd", shape, mask, torch.float32, reference_mask={})
-    except AssertionError:
-        return
-    raise AssertionError("a causal output passed as non-causal attention")
+    """The check can fail: a causal kernel checked as the non-causal case."""
+    _kernel()
+    control = checks.negative_control(device="cpu", spec=_spec("causal-odd", "float32"))
+    assert control["failed_as_it_must"], "a causal output passed as non-causal attention"
 
 
 def empty_rows_are_zero_with_infinite_lse() -> None:
@@ -117,33 +100,12 @@ def empty_rows_are_zero_with_infinite_lse() -> None:
 
 
 def varlen_matches_per_sequence() -> None:
-    """Packed sequences (one of length 0 in q, one of length 0 in k) = each sequence alone."""
-    kernel = _kernel()
-    lengths_q, lengths_k = (9, 0, 40, 23), (0, 5, 33, 24)
-    mask = {"causal": True, "window_size": (11, -1)}
-    q, k, v, dout = make_inputs((1, sum(lengths_q), sum(lengths_k), 4, 2, 40), torch.float16, seed=3)
-    q, k, v, dout = q[0], k[0], v[0], dout[0]
-    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
-    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32)
-    with poisoned("cpu"):
-        out, lse = kernel.forward_varlen(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k),
-                                         softmax_scale=SCALE, **mask)
-        dq, dk, dv = kernel.backward_varlen(dout, q, k, v, out, lse, cu_q, cu_k, max(lengths_q), max(lengths_k),
-                                            softmax_scale=SCALE, **mask)
-    assert lse.shape == (4, sum(lengths_q)), f"lse shape {tuple(lse.shape)}"
-    tol = FA2_TOLERANCE[torch.float16]
-    for b in range(len(lengths_q)):
-        sq = slice(int(cu_q[b]), int(cu_q[b + 1]))
-        sk = slice(int(cu_k[b]), int(cu_k[b + 1]))
-        if sq.start == sq.stop:
-            assert (dk[sk] == 0).all() and (dv[sk] == 0).all(), f"sequence {b}: keys seen by no query have dk/dv != 0"
-            continue
-        expected_out, expected_lse = attention(q[None, sq], k[None, sk], v[None, sk], softmax_scale=SCALE, **mask)
-        expected = attention_grads(dout[None, sq], q[None, sq], k[None, sk], v[None, sk], softmax_scale=SCALE, **mask)
-        assert_matches(f"sequence {b} out", out[sq], expected_out[0], tol.out)
-        assert_matches(f"sequence {b} lse", _same_infinities(lse[:, sq]), expected_lse[0], tol.lse)
-        for name, actual, want in zip(("dq", "dk", "dv"), (dq[sq], dk[sk], dv[sk]), expected):
-            assert_matches(f"sequence {b} {name}", actual, want[0], tol.grads)
+    """Packed sequences (one of length 0 in q, one of length 0 in k) pass the check of each sequence alone."""
+    _kernel()
+    spec = VarlenSpec.packing(((9, 0), (0, 5), (40, 33), (23, 24)), heads_q=4, heads_kv=2, head_dim=40,
+                              dtype="float16", causal=True, window_size=(11, -1), softmax_scale=SCALE, seed=3)
+    for index, result in enumerate(check_varlen(load_kernel("triton"), pack(spec, "cpu"))):
+        assert result.passed, f"sequence {index}: " + describe_failure(result)
 
 
 def strided_inputs_give_identical_results() -> None:
@@ -169,8 +131,6 @@ def strided_inputs_give_identical_results() -> None:
 
 def registry_and_capabilities_under_interpreter() -> None:
     """``load_kernel("triton")`` runs on CPU float16/float32 here and records the tiles it used."""
-    from fa2_verify.verify.registry import load_kernel
-
     kernel = load_kernel("triton")
     assert kernel.unavailable_reason("cpu") is None, kernel.unavailable_reason("cpu")
     assert dict(kernel.capabilities.dtypes) == {"cpu": ("float16", "float32")}
@@ -186,10 +146,6 @@ def registry_and_capabilities_under_interpreter() -> None:
 def bench_check_section_passes_and_fails_a_wrong_mask() -> None:
     """:mod:`fa2_verify.bench.checks` on small cases: dense in a strided layout and varlen with empty
     sequences pass the product's check in both backward modes; its negative control fails."""
-    from fa2_verify.bench import checks
-    from fa2_verify.core.case import CaseSpec
-    from fa2_verify.core.varlen import VarlenSpec
-
     _kernel()
     dense = CaseSpec(1, 37, 45, 2, 1, 32, "float16", causal=True, seed=3, name="interpreter-dense")
     varlen = VarlenSpec.packing(((17, 0), (0, 9), (33, 40)), heads_q=2, heads_kv=2, head_dim=32, dtype="float32",

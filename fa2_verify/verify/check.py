@@ -69,13 +69,41 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
     )
 
 
+def _compared(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden_options: Any) -> CaseResult:
+    """Step 4 of the module docstring: ``actual`` (the kernel's outputs of ``case``) against the golden."""
+    golden = golden_for(case, golden_options)
+    bounds = error_model.first_order_bounds(case, golden)
+    naive = lowprec.naive_attention(case)
+    comparisons = {
+        name: metrics.compare(
+            name,
+            tensor,
+            getattr(golden, name),
+            bounds[name],
+            threshold=error_model.THRESHOLDS[name],
+            lowprec=naive[name],
+        )
+        for name, tensor in actual.items()
+    }
+    status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
+    golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
+    return CaseResult(
+        spec=case.spec,
+        kernel=kernel.name,
+        device=str(case.q.device),
+        status=status,
+        comparisons=comparisons,
+        golden=golden_record,
+    )
+
+
 def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
     """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
     spec = case.spec
     device = str(case.q.device)
 
-    def result(status: str, reason: str | None = None, **extra: Any) -> CaseResult:
-        return CaseResult(spec=spec, kernel=kernel.name, device=device, status=status, reason=reason, **extra)
+    def result(status: str, reason: str) -> CaseResult:
+        return CaseResult(spec=spec, kernel=kernel.name, device=device, status=status, reason=reason)
 
     reason = kernel.unavailable_reason(device) or spec.unsupported_reason(kernel.capabilities, device)
     if reason is not None:
@@ -86,24 +114,7 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
         return result("unsupported", str(exc))
     except KernelFailure as exc:
         return result("error", str(exc))
-
-    golden = golden_for(case, golden_options)
-    bounds = error_model.first_order_bounds(case, golden)
-    naive = lowprec.naive_attention(case)
-    comparisons = {
-        name: metrics.compare(
-            name,
-            actual[name],
-            getattr(golden, name),
-            bounds[name],
-            threshold=error_model.THRESHOLDS[name],
-            lowprec=naive[name],
-        )
-        for name in actual
-    }
-    status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
-    golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
-    return result(status, comparisons=comparisons, golden=golden_record)
+    return _compared(kernel, case, actual, golden_options)
 
 
 def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = None) -> list[CaseResult]:
@@ -136,25 +147,8 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     for index, case in enumerate(packed.cases):
         rows_q, rows_k = packed.rows(index)
         packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
-        golden = golden_for(case, golden_options)
-        bounds = error_model.first_order_bounds(case, golden)
-        comparisons = {
-            name: metrics.compare(
-                name,
-                tensor[packed_rows[name]].unsqueeze(0),
-                getattr(golden, name),
-                bounds[name],
-                threshold=error_model.THRESHOLDS[name],
-            )
-            for name, tensor in actual.items()
-        }
-        status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
-        golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
-        results.append(
-            CaseResult(
-                spec=case.spec, kernel=kernel.name, device=device, status=status, comparisons=comparisons, golden=golden_record
-            )
-        )
+        sequence = {name: tensor[packed_rows[name]].unsqueeze(0) for name, tensor in actual.items()}
+        results.append(_compared(kernel, case, sequence, golden_options))
     return results
 
 

@@ -7,7 +7,7 @@ autotuning at run time), so a run is reproduced by the same table; every
 choice made in this process is recorded and returned by
 :func:`recorded` (the kernel's ``config()``).
 
-The ``sm90`` rows were chosen by the sweeps of ``benchmarks/bench_kernels.py``
+The ``sm90`` rows were chosen by the sweeps of ``fa2_verify/bench`` (``fa2-verify bench``)
 (``--sections sweep``) on an H200 (the H100's chip); docs/benchmarks.md gives
 the measurements.
 """
