@@ -19,6 +19,8 @@ from fa2_verify.properties.determinism import dq_spread_bound, key_blocks
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.errors import UsageError
+from fa2_verify.kernels.reference import DEFERRED
+from tests import breakers
 
 
 def _case(**overrides) -> CaseSpec:
@@ -97,29 +99,17 @@ def test_key_blocks_counts_touched_tiles():
     assert key_blocks(visible, 16).tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
-def _random_order_dq(case, golden_result, block: int, generator: torch.Generator) -> torch.Tensor:
-    """dQ summed from float32 per-block contributions in a random order (an atomic accumulation)."""
-    spec = case.spec
-    group = spec.heads_q // spec.heads_kv
-    keys, values = (t.double().repeat_interleave(group, dim=2) for t in (case.k, case.v))
-    p = torch.softmax(_scores(case), dim=-1)
-    dp = torch.einsum("bihc,bjhc->bhij", case.dout.double(), values)
-    delta = golden_result.delta.unsqueeze(-1)
-    ds = (p * (dp - delta)).float()
-    starts = list(range(0, spec.seqlen_k, block))
-    total = torch.zeros(case.q.shape, dtype=torch.float32)
-    for index in torch.randperm(len(starts), generator=generator).tolist():
-        keys_block = slice(starts[index], starts[index] + block)
-        total += spec.scale * torch.einsum("bhij,bjhc->bihc", ds[..., keys_block], keys[:, keys_block].float())
-    return total.to(spec.torch_dtype)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_dq_spread_bound_holds_for_random_orders_and_is_not_vacuous(dtype):
     case = _case(dtype=dtype, seqlen_q=20, seqlen_k=130, batch=1, head_dim=16, generator="normal-x2^2")
     golden_result = golden.compute(case.q, case.k, case.v, case.dout, softmax_scale=case.spec.scale)
-    generator = torch.Generator().manual_seed(0)
-    runs = [_random_order_dq(case, golden_result, 16, generator) for _ in range(6)]
+    scale = case.spec.scale
+    out, lse = DEFERRED.forward(case.q, case.k, case.v, softmax_scale=scale)
+    torch.manual_seed(0)
+    runs = [
+        breakers.RANDOM_ORDER_DQ.backward(case.dout, case.q, case.k, case.v, out, lse, softmax_scale=scale)[0]
+        for _ in range(6)
+    ]
     bound = dq_spread_bound(case, golden_result, runs, block_k=16)
     spreads = torch.stack([(run.double() - runs[0].double()).abs() for run in runs[1:]])
     assert bool((spreads <= bound).all())
