@@ -6,10 +6,12 @@ The public API a user's kernel module imports:
 * :class:`UnsupportedCase`: raised by a kernel to decline a case its capabilities cannot express;
 * :class:`CaseSpec` and :func:`check_case`: one case through a kernel, compared with the golden.
 
-Subpackages: ``fa2_verify.kernels`` (the contract and bundled kernels),
-``fa2_verify.golden`` (the high-precision golden), ``fa2_verify.verify``
-(checks, reports, gate, CLI) and ``fa2_verify.properties`` (the Hypothesis
-property suite and its pytest plugin).
+Subpackages, in layers that only import downwards (docs/design.md, "Layers"):
+``fa2_verify.core`` (errors, the contract, the case record), ``fa2_verify.kernels``
+(bundled kernels), ``fa2_verify.golden`` (the high-precision golden),
+``fa2_verify.verify`` (the check, reports, baselines, gate), ``fa2_verify.bench``
+(the kernel benchmark), ``fa2_verify.properties`` (the Hypothesis property suite
+and its pytest plugin) and ``fa2_verify.cli`` (the ``fa2-verify`` command).
 
 Importing this package is cheap: the names below load on first use (PEP 562),
 so the pytest plugin, which every pytest run of the environment imports, pulls

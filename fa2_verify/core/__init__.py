@@ -2,8 +2,10 @@
 
 ``errors`` (the one error hierarchy), ``contract`` (the kernel contract and
 :class:`~fa2_verify.core.contract.Capabilities`), ``case`` (the case record,
-:class:`~fa2_verify.core.case.CaseSpec`) and ``values`` (the seeded value
-generators a case is built from).  The layers above it, each importing only
-downwards (docs/design.md, "Layers"): ``kernels`` and ``golden``; ``verify``;
-``properties``; ``cli``.
+:class:`~fa2_verify.core.case.CaseSpec`), ``varlen`` (its extension to packed
+batches, :class:`~fa2_verify.core.varlen.VarlenSpec`), ``layouts`` (the memory
+layouts a case's inputs can be passed in), ``values`` (the seeded value
+generators a case is built from) and ``atomic`` (atomic file writes).  The
+layers above it, each importing only downwards (docs/design.md, "Layers"):
+``kernels`` and ``golden``; ``verify``; ``bench`` and ``properties``; ``cli``.
 """

@@ -114,10 +114,10 @@ def _check_support(problem: Problem) -> Problem:
 
 
 def _dtype_of(q: torch.Tensor) -> str:
-    """q's dtype name; a dtype the contract does not know is a usage error."""
+    """q's dtype name; one the contract does not name (e.g. an integer dtype) is unsupported."""
     name = dtype_name(q.dtype)
     if name not in DTYPES:
-        raise UsageError(f"q.dtype={name} is not a floating dtype of the contract: use one of {', '.join(DTYPES)}")
+        raise UnsupportedCase(f"triton kernel: dtype={name} is not supported: the contract's dtypes are {', '.join(DTYPES)}")
     return name
 
 
