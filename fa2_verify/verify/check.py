@@ -22,7 +22,7 @@ recorded as a kernel failure.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -97,23 +97,27 @@ def _compared(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor],
     )
 
 
-def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
-    """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
-    spec = case.spec
-    device = str(case.q.device)
-
-    def result(status: str, reason: str) -> CaseResult:
-        return CaseResult(spec=spec, kernel=kernel.name, device=device, status=status, reason=reason)
-
+def _run_or_decline(
+    kernel: LoadedKernel, spec: CaseSpec, device: str, run: Callable[[], dict[str, torch.Tensor]]
+) -> tuple[dict[str, torch.Tensor] | None, str, str]:
+    """Steps 1 to 3 of the module docstring: ``(outputs, "", "")``, or ``(None, status, reason)``."""
     reason = kernel.unavailable_reason(device) or spec.unsupported_reason(kernel.capabilities, device)
     if reason is not None:
-        return result("unsupported", reason)
+        return None, "unsupported", reason
     try:
-        actual = _run_kernel(kernel, case)
+        return run(), "", ""
     except UnsupportedCase as exc:
-        return result("unsupported", str(exc))
+        return None, "unsupported", str(exc)
     except KernelFailure as exc:
-        return result("error", str(exc))
+        return None, "error", str(exc)
+
+
+def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
+    """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
+    device = str(case.q.device)
+    actual, status, reason = _run_or_decline(kernel, case.spec, device, lambda: _run_kernel(kernel, case))
+    if actual is None:
+        return CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason)
     return _compared(kernel, case, actual, golden_options)
 
 
@@ -127,22 +131,12 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     compared as :func:`check_case` compares a case (step 4).
     """
     device = str(packed.q.device)
-
-    def every(status: str, reason: str) -> list[CaseResult]:
+    actual, status, reason = _run_or_decline(kernel, packed.spec, device, lambda: run_varlen(kernel, packed))
+    if actual is None:
         return [
             CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason)
             for case in packed.cases
         ]
-
-    reason = kernel.unavailable_reason(device) or packed.spec.unsupported_reason(kernel.capabilities, device)
-    if reason is not None:
-        return every("unsupported", reason)
-    try:
-        actual = run_varlen(kernel, packed)
-    except UnsupportedCase as exc:
-        return every("unsupported", str(exc))
-    except KernelFailure as exc:
-        return every("error", str(exc))
     results = []
     for index, case in enumerate(packed.cases):
         rows_q, rows_k = packed.rows(index)
