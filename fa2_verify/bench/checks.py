@@ -13,6 +13,7 @@ must repeat dq, dk and dv bit for bit.
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ import torch
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.layouts import in_layout
 from fa2_verify.core.varlen import VarlenSpec, pack
+from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
 from fa2_verify.verify.check import check_case, check_varlen
 from fa2_verify.verify.kernel_call import run_case, run_varlen
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
@@ -78,6 +80,12 @@ def kernel() -> LoadedKernel:
     return load_kernel("triton")
 
 
+def golden_options() -> GoldenOptions:
+    """The golden cache the CLI uses (``$FA2_VERIFY_GOLDEN_CACHE`` or ``./.fa2-golden-cache``): both backward
+    modes of a case, and later runs, share one golden."""
+    return GoldenOptions(cache_dir=shared_cache_dir(pathlib.Path()))
+
+
 def _summary(results: list[CaseResult]) -> dict[str, Any]:
     """Passed or not, with each output's largest normalized error (over sequences, for varlen)."""
     worst: dict[str, float] = {}
@@ -90,17 +98,21 @@ def _summary(results: list[CaseResult]) -> dict[str, Any]:
 
 def _checked(target: LoadedKernel, case: CheckCase, spec: CaseSpec, device: str) -> list[CaseResult]:
     if isinstance(spec, VarlenSpec):
-        return check_varlen(target, pack(spec, device))
+        return check_varlen(target, pack(spec, device), golden_options=golden_options())
     built = make_case(spec, device)
-    return [check_case(target, in_layout(built, case.layout))]
+    return [check_case(target, in_layout(built, case.layout), golden_options=golden_options())]
 
 
-def _gradients(target: LoadedKernel, case: CheckCase, spec: CaseSpec, device: str) -> dict[str, torch.Tensor]:
+def _outputs(target: LoadedKernel, case: CheckCase, spec: CaseSpec, device: str) -> dict[str, torch.Tensor]:
     if isinstance(spec, VarlenSpec):
-        outputs = run_varlen(target, pack(spec, device))
-    else:
-        outputs = run_case(target, in_layout(make_case(spec, device), case.layout))
-    return {name: outputs[name] for name in ("dq", "dk", "dv")}
+        return run_varlen(target, pack(spec, device))
+    return run_case(target, in_layout(make_case(spec, device), case.layout))
+
+
+def warm(case: CheckCase, *, device: str = DEVICE) -> None:
+    """Run the kernel on ``case`` in both backward modes, unchecked: compiles the variants :func:`check` needs."""
+    for deterministic in (False, True):
+        _outputs(kernel(), case, dataclasses.replace(case.spec, deterministic=deterministic), device)
 
 
 def check(case: CheckCase, *, device: str = DEVICE) -> dict[str, Any]:
@@ -114,8 +126,8 @@ def check(case: CheckCase, *, device: str = DEVICE) -> dict[str, Any]:
         "atomic": _summary(_checked(target, case, case.spec, device)),
         "deterministic": _summary(_checked(target, case, deterministic, device)),
     }
-    first, again = (_gradients(target, case, deterministic, device) for _ in range(2))
-    record["bitwise_repeat"] = all(torch.equal(first[name], again[name]) for name in first)
+    first, again = (_outputs(target, case, deterministic, device) for _ in range(2))
+    record["bitwise_repeat"] = all(torch.equal(first[name], again[name]) for name in ("dq", "dk", "dv"))
     record["passed"] = record["atomic"]["passed"] and record["deterministic"]["passed"] and record["bitwise_repeat"]
     return record
 

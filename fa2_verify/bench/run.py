@@ -59,7 +59,7 @@ def _warm(job: tuple[str, int]) -> str:
     section, index = job
     try:
         if section == "check":
-            checks.check(checks.CHECK_CASES[index])
+            checks.warm(checks.CHECK_CASES[index])
         elif section == "spread":
             dq_spread(DTYPES_BENCHED[index], warm_only=True)
         elif section == "sweep":

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from fa2_verify.bench.checks import golden_options
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import DTYPES
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
@@ -160,7 +161,7 @@ def check_row(row: BenchRow) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _checked(spec: CaseSpec) -> dict[str, Any]:
     """Rows whose check specs coincide (the longer seqlens) are checked once per run."""
-    result = check_case(load_kernel("triton"), make_case(spec, "cuda"))
+    result = check_case(load_kernel("triton"), make_case(spec, "cuda"), golden_options=golden_options())
     worst = {name: comparison.normalized.quantiles["max"] for name, comparison in result.comparisons.items()}
     return {"passed": result.passed, "status": result.status, "reason": result.reason, "normalized_max": worst}
 
