@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
 from fa2_verify.properties import profiles
-from fa2_verify.properties.declaration import Property
+from fa2_verify.properties.declaration import Property, PropertyFailure
 from fa2_verify.properties.plugin import MARKER
 from fa2_verify.properties.session import Suite
 
@@ -100,11 +100,11 @@ def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int
 
     ``seed`` fixes Hypothesis' random seed (for settings that are not derandomized).
 
-    A failure is a :class:`~properties.declaration.PropertyFailure` (an
-    ``AssertionError``; the checks turn a kernel's exceptions into those), also
-    when it did not repeat on Hypothesis' replay (``FlakyFailure``: a
-    nondeterministic kernel).  Anything else, such as a
-    :class:`~core.errors.Fa2VerifyError` from fa2-verify itself, propagates.
+    A failure is a :class:`~properties.declaration.PropertyFailure` (the
+    checks turn a kernel's exceptions into those), also when it did not repeat
+    on Hypothesis' replay (``FlakyFailure``: a nondeterministic kernel).
+    Anything else, such as a :class:`~core.errors.Fa2VerifyError` from
+    fa2-verify itself or a bare ``AssertionError`` of the harness, propagates.
     """
     reason = missing_requirement(prop, suite)
     if reason is not None:
@@ -117,7 +117,7 @@ def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int
         examples += 1
         try:
             prop.check(suite, data)
-        except AssertionError:
+        except PropertyFailure:
             if first_failure is None:
                 first_failure = (examples, time.perf_counter() - start)
             raise
@@ -128,7 +128,7 @@ def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int
     start = time.perf_counter()
     try:
         runner(suite)
-    except (AssertionError, FlakyFailure) as failure:
+    except (PropertyFailure, FlakyFailure) as failure:
         caught_after, seconds = first_failure if first_failure is not None else (examples, time.perf_counter() - start)
         return SearchResult(prop.name, True, None, caught_after, seconds, _message(failure))
     return SearchResult(prop.name, False, None, examples, time.perf_counter() - start, "")
