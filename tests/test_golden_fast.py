@@ -105,27 +105,34 @@ def test_sampling_takes_first_last_and_distinct_rows():
 def test_sampling_adds_the_rows_where_indexing_bugs_live():
     """Block boundaries +-1, the last block, 2**15, 2**16 and 2**17 +-1, in the last batch and head."""
     eligible = range(0, 131072)
-    picks = certify.sample(2, 4, eligible, 4, np.random.default_rng(0), lambda row: 1)
+    cost = lambda row: 1 if row else 2**20  # the first row pays for every boundary row
+    picks = certify.sample(2, 4, eligible, 2, np.random.default_rng(0), cost)
     assert picks[:2] == [(0, 0, 0), (1, 3, 131071)]
-    boundary = {row for b, h, row in picks[4:]}
-    assert {(b, h) for b, h, _ in picks[4:]} == {(1, 3)}
-    assert {63, 64, 65, 127, 128, 129, 255, 256, 257} <= boundary
+    boundary = {row for b, h, row in picks[2:]}
+    assert {(b, h) for b, h, _ in picks[2:]} == {(1, 3)}
+    assert {63, 64, 65, 127, 128, 129} <= boundary
     assert {2**15 - 1, 2**15, 2**15 + 1, 2**16 - 1, 2**16, 2**16 + 1} <= boundary
-    assert {131071 // 128 * 128 - 1, 131071 // 128 * 128} <= boundary
+    assert {131071 // 128 * 128 - 1, 131071 // 128 * 128, 131071 // 128 * 128 + 1} <= boundary
     assert all(row in eligible for row in boundary)
     assert certify.boundary_rows(range(70, 100)) == []
     assert certify.boundary_rows(range(100, 300))[:3] == [127, 128, 129]
 
 
 def test_sampling_keeps_boundary_rows_within_the_term_budget():
-    """At 131,072 tokens the boundary rows are added cheapest-last only while their mpmath terms fit."""
+    """At 131,072 tokens the boundary rows are added in order only while their mpmath terms fit."""
     eligible = range(0, 131072)
     cost = lambda row: row + 1  # a causal query row sums row + 1 keys
     picks = certify.sample(1, 1, eligible, 4, np.random.default_rng(0), cost)
     extra = picks[4:]
-    assert sum(cost(row) for *_, row in extra) <= certify.TERM_BUDGET
+    assert sum(cost(row) for *_, row in extra) <= min(certify.TERM_BUDGET, sum(cost(row) for *_, row in picks[:4]))
     assert {63, 64, 65, 127, 128, 129, 2**15 - 1, 2**15} <= {row for *_, row in extra}
-    assert 2**17 - 2 not in {row for *_, row in extra}
+    assert 2**17 - 128 not in {row for *_, row in extra}
+
+
+def test_boundary_rows_at_most_double_the_cost_of_a_small_case():
+    """At 2,048 uniform-cost rows, the boundary rows cost no more than the first, last and random rows."""
+    picks = certify.sample(1, 1, range(2048), 4, np.random.default_rng(0), lambda row: 2048)
+    assert [row for *_, row in picks[4:]] == [63, 64, 65, 127]
 
 
 def test_certification_samples_boundary_rows(monkeypatch):
@@ -372,3 +379,42 @@ def test_lse_of_a_row_with_one_tiny_score_keeps_its_relative_accuracy():
         served = result.lse[b, h, i].item()
         worst = max(worst, abs(Fraction(served) - exact) / abs(exact))
     assert worst <= 2.0**-52, float(worst)
+
+
+def test_golden_results_stay_on_the_cpu_for_cpu_inputs():
+    """CPU inputs give float64 CPU results in the contract layout, from either method."""
+    q, k, v, dout = _case(seqlen_q=9, seqlen_k=11, heads_q=4, heads_kv=2)
+    for options in (FAST, MPMATH):
+        result = golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=options)
+        for name, shape in {"out": q.shape, "dq": q.shape, "dk": k.shape, "dv": v.shape, "lse": (1, 4, 9)}.items():
+            tensor = getattr(result, name)
+            assert (tensor.device.type, tensor.dtype, tuple(tensor.shape)) == ("cpu", torch.float64, tuple(shape))
+            assert tensor.is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_fast_on_cuda_matches_mpmath_everywhere(name):
+    """The same algorithm on CUDA (cuBLAS float64): results stay on the inputs' device, within 2**-46 of mpmath."""
+    shape, call = CASES[name]
+    call = {"softmax_scale": 0.45, **call}
+    q, k, v, dout = _case(**shape)
+    expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
+    actual = golden.compute(*(t.cuda() for t in (q, k, v, dout)), **call, options=FAST)
+    assert {getattr(actual, n).device.type for n in ("out", "lse", "delta", "dq", "dk", "dv")} == {"cuda"}
+    assert all(bound <= LIMIT for bound in actual.certified_bound.values())
+    on_host = dataclasses.replace(actual, **{n: getattr(actual, n).cpu() for n in ("out", "lse", "delta", "dq", "dk", "dv")})
+    _assert_close_to_mpmath(expected, on_host, 2.0**-46)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [{"causal": True}, {"window_size": (100, 7)}, {}], ids=["causal", "window", "full"])
+def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, mask):
+    """Small CUDA row blocks (dK, dV accumulated over 13 of them) give the CPU path's answer to 2**-50."""
+    q, k, v, dout = _case(seqlen_q=200, seqlen_k=190, heads_q=4, heads_kv=2, head_dim=32, dtype=torch.bfloat16)
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cuda", 16 * 190)
+    on_cpu = golden.compute(q, k, v, dout, softmax_scale=0.2, **mask, options=FAST)
+    on_cuda = golden.compute(*(t.cuda() for t in (q, k, v, dout)), softmax_scale=0.2, **mask, options=FAST)
+    _assert_close_to_mpmath(on_cpu, dataclasses.replace(
+        on_cuda, **{n: getattr(on_cuda, n).cpu() for n in ("out", "lse", "delta", "dq", "dk", "dv")}
+    ), 2.0**-50)

@@ -20,15 +20,16 @@ first batch and head and the last eligible row of the last batch and head
 (mask boundaries), then ``rows - 2`` rows drawn by a generator seeded from
 the inputs' hash, so a case is always certified on the same rows, then, in
 the last batch and head, the rows where indexing bugs live, while they
-exist and fit in
-:data:`TERM_BUDGET`: block boundaries ``64 m + {-1, 0, 1}`` and
-``128 m + {-1, 0, 1}`` for the first two blocks and the last block
-(the last key block, for key rows), and the rows around ``2**15``, ``2**16``
-and ``2**17`` (32-bit offsets and grid limits).  An mpmath row costs one
-``exp`` and a few mpf operations per term it sums (the keys a query row
-sees, the queries of the whole GQA group that see a key row, about 20-50 us
-each), so the budget keeps a case of 131,072 tokens at seconds of
-certification per direction.  For each output the bound is
+exist and fit in the budget: the first block boundaries ``64`` and
+``128`` and their neighbours, the rows just before and at ``2**15``,
+``2**16`` and ``2**17`` (16-bit offsets and grid limits), the start of the
+last 128-row block (the last key block, for key rows) and its neighbours,
+then the rows just after the powers of two.  An mpmath row costs one
+``exp`` and a dozen mpf operations per term it sums (the keys a query row
+sees, the queries of the whole GQA group that see a key row, 20-50 us
+each), so the boundary rows may add at most :data:`TERM_BUDGET` terms and
+at most what the other rows cost: at 131,072 tokens that keeps the
+certification at seconds per direction, and at 2,048 it at most doubles.  For each output the bound is
 
     max |fast - mpmath|  /  max (|mpmath| + M)        (over every element of the sampled rows)
 
@@ -72,8 +73,8 @@ BOUNDARY_BLOCKS = (64, 128)
 BOUNDARY_POWERS = (2**15, 2**16, 2**17)
 
 #: Most mpmath terms the boundary rows add per direction (query rows, key
-#: rows) beyond the first, the last and the random rows: 2**18 terms are
-#: about 5 to 13 s on one core.
+#: rows) beyond the first, the last and the random rows (and never more than
+#: those cost): 2**18 terms are a few seconds on one core (docs/benchmarks.md).
 TERM_BUDGET = 2**18
 
 
@@ -224,10 +225,11 @@ def boundary_rows(eligible: range) -> list[int]:
     if not eligible:
         return []
     last = eligible.stop - 1
-    near = [m * block + step for block in BOUNDARY_BLOCKS for m in (1, 2) for step in (-1, 0, 1)]
-    powers = [power + step for power in BOUNDARY_POWERS for step in (-1, 0, 1)]
-    final = [last // block * block + step for block in BOUNDARY_BLOCKS for step in (0, -1, 1)]
-    ordered = dict.fromkeys(row for row in near + powers + final if row in eligible)
+    near = [block + step for block in BOUNDARY_BLOCKS for step in (-1, 0, 1)]
+    crossings = [power + step for power in BOUNDARY_POWERS for step in (-1, 0)]
+    final = [last // BOUNDARY_BLOCKS[-1] * BOUNDARY_BLOCKS[-1] + step for step in (-1, 0, 1)]
+    after = [power + 1 for power in BOUNDARY_POWERS]
+    ordered = dict.fromkeys(row for row in near + crossings + final + after if row in eligible)
     return list(ordered)
 
 
@@ -238,7 +240,9 @@ def sample(batch: int, heads: int, eligible: range, count: int, rng: np.random.G
     and head; up to ``count`` rows in all come from those two and a uniform
     draw over every ``(b, head, row)``.  Then each of :func:`boundary_rows`, in
     the last batch and head (whose inputs the last row already converted for
-    mpmath), while the sum of their ``cost(row)`` stays within :data:`TERM_BUDGET`.
+    mpmath), while the sum of their ``cost(row)`` stays within both
+    :data:`TERM_BUDGET` and the cost of the rows already picked (so the
+    boundary rows at most double the certification's time).
     """
     rows = len(eligible)
     total = batch * heads * rows
@@ -249,10 +253,11 @@ def sample(batch: int, heads: int, eligible: range, count: int, rng: np.random.G
         flat = [0, total - 1][:count] + [int(f) for f in middle]
     per_batch = heads * rows
     picks = [(f // per_batch, f // rows % heads, eligible[f % rows]) for f in flat]
+    budget = min(TERM_BUDGET, sum(cost(row) for *_, row in picks))
     spent = 0
     for row in boundary_rows(eligible):
         pick = (batch - 1, heads - 1, row)
-        if pick in picks or spent + cost(row) > TERM_BUDGET:
+        if pick in picks or spent + cost(row) > budget:
             continue
         spent += cost(row)
         picks.append(pick)

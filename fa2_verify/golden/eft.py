@@ -84,16 +84,28 @@ def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     budget = 53 - math.ceil(math.log2(k))
     if torch.equal(leading_slice(b, 0, budget - MIN_SLICE_BITS), b):
         a0 = leading_slice(a, 1, MIN_SLICE_BITS)
-        hi = a0 @ b
+        hi = matmul(a0, b)
         a0.neg_().add_(a)
-        return hi, a0 @ b
+        return hi, matmul(a0, b)
     a0 = leading_slice(a, 1, budget // 2)
     b0 = leading_slice(b, 0, budget // 2)
-    lo = a0 @ (b - b0)
-    hi = a0 @ b0
+    lo = matmul(a0, b - b0)
+    hi = matmul(a0, b0)
     a0.neg_().add_(a)
-    lo.addmm_(a0, b)
+    lo += matmul(a0, b)
     return hi, lo
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in float64: cuBLAS on CUDA; on the CPU numpy's BLAS on the same memory.
+
+    numpy's OpenBLAS ran float64 products about 1.4 times faster than torch's
+    MKL on the project's AMD CI machine (docs/benchmarks.md, "Golden"); both
+    are exact on the leading slices, which is all :func:`dd_matmul` relies on.
+    """
+    if a.device.type != "cpu":
+        return a @ b
+    return torch.from_numpy(a.numpy() @ b.numpy())
 
 
 def _veltkamp(a):

@@ -115,13 +115,25 @@ def row_dot(a: Exact, b: Exact) -> tuple:
 
 
 def _combine(a: Exact, b: Exact, product) -> tuple:
-    """Sum the limb products per power of two, in int64 where that cannot overflow, then as Python ints."""
-    terms = a.limbs.shape[-1] * min(len(a.limbs), len(b.limbs))
+    """Sum the limb products per power of two, in int64 where that cannot overflow, then as Python ints.
+
+    One product of limbs sums ``K`` (the contraction length) integers below
+    ``2**(2 LIMB_BITS)``; while ``K < 2**(53 - 2 LIMB_BITS)`` every partial
+    sum is an integer below ``2**53``, so float64 BLAS computes it exactly
+    in any order, far faster than numpy's integer matmul.
+    """
+    length = a.limbs.shape[-1]
+    terms = length * min(len(a.limbs), len(b.limbs))
     in_int64 = terms < 2 ** (63 - 2 * LIMB_BITS)
+    if length < 2 ** (53 - 2 * LIMB_BITS):
+        a_limbs, b_limbs = a.limbs.astype(np.float64), b.limbs.astype(np.float64)
+        exact_product = lambda x, y: np.asarray(product(x, y)).astype(np.int64)
+    else:
+        a_limbs, b_limbs, exact_product = a.limbs, b.limbs, product
     by_shift: dict[int, np.ndarray] = {}
-    for i, a_limb in enumerate(a.limbs):
-        for j, b_limb in enumerate(b.limbs):
-            part = product(a_limb, b_limb)
+    for i, a_limb in enumerate(a_limbs):
+        for j, b_limb in enumerate(b_limbs):
+            part = exact_product(a_limb, b_limb)
             part = part if in_int64 else _python_ints(part)
             by_shift[i + j] = by_shift[i + j] + part if i + j in by_shift else part
     total = 0
@@ -247,11 +259,10 @@ def _weights(values: list, other: Exact) -> Exact:
         return Exact(np.zeros((1, len(values)), dtype=np.int64), 0, np.zeros(len(values)))
     base = min(exp for _, man, exp, _ in kept if man)
     count = -(-(max(tops) - base) // LIMB_BITS)
-    limbs = np.zeros((count, len(values)), dtype=np.int64)
-    for column, (sign, man, exp, _) in enumerate(kept):
-        magnitude = man << (exp - base) if man else 0
-        for index in range(count):
-            limbs[index, column] = -(magnitude & _LIMB_MASK) if sign else magnitude & _LIMB_MASK
-            magnitude >>= LIMB_BITS
+    magnitudes = np.array([man << (exp - base) if man else 0 for _, man, exp, _ in kept] + [None])[:-1]
+    signs = np.array([-1 if sign else 1 for sign, *_ in kept], dtype=np.int64)
+    limbs = np.empty((count, len(values)), dtype=np.int64)
+    for index in range(count):
+        limbs[index] = ((magnitudes >> (LIMB_BITS * index)) & _LIMB_MASK).astype(np.int64) * signs
     approximations = sum(np.ldexp(limb.astype(np.float64), LIMB_BITS * i + base) for i, limb in enumerate(limbs))
     return Exact(limbs, base, approximations)
