@@ -19,10 +19,10 @@ Every side runs in the same invocation, so they share the machine's load:
   (default ``--heads``), scaled to the case by the same work ratio when
   smaller (the table says so).
 
-``--threads`` sets the CPU threads of every side (``torch.set_num_threads``
-here, ``OMP_NUM_THREADS`` and ``OPENBLAS_NUM_THREADS`` for the subprocess);
-on a machine shared with other jobs one thread per process avoids the
-OpenMP spin-waiting that oversubscription turns into a several-fold slowdown.
+Every side takes its CPU threads from the environment (``OMP_NUM_THREADS``
+for torch, ``OPENBLAS_NUM_THREADS`` for numpy; the subprocess inherits
+them): on a machine shared with other jobs, one thread each avoids the
+spin-waiting that oversubscription turns into a several-fold slowdown.
 
 Prints the machine, the load average and a Markdown table.
 """
@@ -100,8 +100,7 @@ def _phases(spec: dict, device: str) -> dict[str, float]:
 
 
 def _old(spec: dict, root: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"]
+    env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run(
         [sys.executable, "-c", _OLD_GOLDEN, os.path.abspath(root), json.dumps(spec)],
         env=env, capture_output=True, text=True, check=True,
@@ -138,11 +137,8 @@ def main() -> None:
     parser.add_argument("--old-root", help="a checkout whose golden is timed beside this one, on the CPU")
     parser.add_argument("--old-seqlen", type=int, help="the old golden's seqlen (default --seqlen), scaled by work")
     parser.add_argument("--old-heads", type=int, help="the old golden's heads (default --heads), scaled by work")
-    parser.add_argument("--threads", type=int, help="CPU threads of every side (default: torch's)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
     spec = {
         "batch": args.batch, "heads": args.heads, "seqlen": args.seqlen, "head_dim": args.head_dim,
         "dtype": args.dtype, "causal": args.causal, "seed": args.seed,
@@ -169,7 +165,8 @@ def main() -> None:
     wall = statistics.median(run[0] for run in runs)
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else _cpu_model()
     print(
-        f"machine: {_cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads per side; "
+        f"machine: {_cpu_model()}, {os.cpu_count()} CPUs, {torch.get_num_threads()} torch threads, "
+        f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}; "
         f"device {device_name}; numpy {np.__version__}, torch {torch.__version__}"
     )
     print(
