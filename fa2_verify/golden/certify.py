@@ -91,7 +91,7 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
 
     def exact(name: str, b: int, head: int) -> ref.Exact:
         if (name, b, head) not in cache:
-            cache[(name, b, head)] = ref.exact(getattr(problem, name)[b, head].cpu().numpy())
+            cache[(name, b, head)] = ref.exact(getattr(problem, name)[b, head])
         return cache[(name, b, head)]
 
     def mpf_rows(name: str, b: int, head: int) -> list:
