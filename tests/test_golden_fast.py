@@ -62,17 +62,30 @@ def _assert_close_to_mpmath(expected, actual, tolerance):
         assert error <= tolerance * scale, f"{name}: error {error:.3g}, scale {scale:.3g}"
 
 
+def _on_host(result):
+    """``result`` with every output tensor copied to the CPU."""
+    return dataclasses.replace(result, **{n: getattr(result, n).cpu() for n in OUTPUTS if getattr(result, n) is not None})
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_fast_matches_mpmath_everywhere(name):
-    """Every element of every output, not only the sampled rows, within 2**-46 of mpmath's largest."""
+def test_fast_matches_mpmath_everywhere(name, device):
+    """Every element of every output, not only the sampled rows, within 2**-46 of mpmath's largest.
+
+    On CUDA the same algorithm runs on cuBLAS float64 and its results stay on the inputs' device.
+    """
     shape, call = CASES[name]
     call = {"softmax_scale": 0.45, **call}
     q, k, v, dout = _case(**shape)
     expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
-    actual = golden.compute(q, k, v, dout, **call, options=FAST)
+    actual = golden.compute(*(t.to(device) for t in (q, k, v, dout)), **call, options=FAST)
     assert actual.method == "fast"
+    assert {getattr(actual, n).device.type for n in OUTPUTS} == {device}
     assert all(bound <= LIMIT for bound in actual.certified_bound.values())
-    _assert_close_to_mpmath(expected, actual, 2.0**-46)
+    _assert_close_to_mpmath(expected, _on_host(actual), 2.0**-46)
 
 
 def test_fast_forward_only_matches_mpmath():
@@ -393,21 +406,6 @@ def test_golden_results_stay_on_the_cpu_for_cpu_inputs():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_fast_on_cuda_matches_mpmath_everywhere(name):
-    """The same algorithm on CUDA (cuBLAS float64): results stay on the inputs' device, within 2**-46 of mpmath."""
-    shape, call = CASES[name]
-    call = {"softmax_scale": 0.45, **call}
-    q, k, v, dout = _case(**shape)
-    expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
-    actual = golden.compute(*(t.cuda() for t in (q, k, v, dout)), **call, options=FAST)
-    assert {getattr(actual, n).device.type for n in ("out", "lse", "delta", "dq", "dk", "dv")} == {"cuda"}
-    assert all(bound <= LIMIT for bound in actual.certified_bound.values())
-    on_host = dataclasses.replace(actual, **{n: getattr(actual, n).cpu() for n in ("out", "lse", "delta", "dq", "dk", "dv")})
-    _assert_close_to_mpmath(expected, on_host, 2.0**-46)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("mask", [{"causal": True}, {"window_size": (100, 7)}, {}], ids=["causal", "window", "full"])
 def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, mask):
     """Small CUDA row blocks (dK, dV accumulated over 13 of them) give the CPU path's answer to 2**-50."""
@@ -415,6 +413,4 @@ def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, ma
     monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cuda", 16 * 190)
     on_cpu = golden.compute(q, k, v, dout, softmax_scale=0.2, **mask, options=FAST)
     on_cuda = golden.compute(*(t.cuda() for t in (q, k, v, dout)), softmax_scale=0.2, **mask, options=FAST)
-    _assert_close_to_mpmath(on_cpu, dataclasses.replace(
-        on_cuda, **{n: getattr(on_cuda, n).cpu() for n in ("out", "lse", "delta", "dq", "dk", "dv")}
-    ), 2.0**-50)
+    _assert_close_to_mpmath(on_cpu, _on_host(on_cuda), 2.0**-50)
