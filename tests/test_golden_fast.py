@@ -408,9 +408,13 @@ def test_golden_results_stay_on_the_cpu_for_cpu_inputs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("mask", [{"causal": True}, {"window_size": (100, 7)}, {}], ids=["causal", "window", "full"])
 def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, mask):
-    """Small CUDA row blocks (dK, dV accumulated over 13 of them) give the CPU path's answer to 2**-50."""
+    """Small CUDA row blocks (dK, dV accumulated over 13 of them) give the CPU path's answer to 2**-45.
+
+    Both are within 2**-46 of mpmath's largest value (test_fast_matches_mpmath_everywhere), so within
+    2**-45 of each other; the products' roundings differ (cuBLAS against OpenBLAS, other row blocks).
+    """
     q, k, v, dout = _case(seqlen_q=200, seqlen_k=190, heads_q=4, heads_kv=2, head_dim=32, dtype=torch.bfloat16)
     monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cuda", 16 * 190)
     on_cpu = golden.compute(q, k, v, dout, softmax_scale=0.2, **mask, options=FAST)
     on_cuda = golden.compute(*(t.cuda() for t in (q, k, v, dout)), softmax_scale=0.2, **mask, options=FAST)
-    _assert_close_to_mpmath(on_cpu, _on_host(on_cuda), 2.0**-50)
+    _assert_close_to_mpmath(on_cpu, _on_host(on_cuda), 2.0**-45)

@@ -49,6 +49,9 @@ what makes a few rows representative.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+
 import numpy as np
 from mpmath import libmp
 
@@ -76,6 +79,12 @@ BOUNDARY_POWERS = (2**15, 2**16, 2**17)
 #: rows) beyond the first, the last and the random rows (and never more than
 #: those cost): 2**18 terms are a few seconds on one core (docs/benchmarks.md).
 TERM_BUDGET = 2**18
+
+
+#: Fewest mpmath terms (all sampled rows together) for which the rows are
+#: evaluated by a pool of processes, one per CPU core: below it, forking
+#: costs more than it saves (about 2**16 terms are a second on one core).
+PARALLEL_MIN_TERMS = 2**16
 
 
 def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
@@ -107,15 +116,15 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
     names = ("out", "lse", "dq", "delta", "offset", "dk", "dv") if backward else ("out", "lse")
     bounds = {name: _Bound() for name in names}
     lse_dd = _Bound()
+    jobs: list[tuple] = []  # (function, arguments, the fast path's values, the row's served LSE or None, terms)
     query_cost = lambda i: len(problem.keys_of(i))
     for b, h, i in sample(problem.batch, problem.heads_q, problem.seen_queries(), rows, rng, query_cost):
         keys = problem.keys_of(i)
-        g = h // problem.group
-        k_rows, v_rows = exact("k", b, g).rows(slice(keys.start, keys.stop)), exact("v", b, g).rows(slice(keys.start, keys.stop))
-        expected = ref.query_row(
+        span, g = slice(keys.start, keys.stop), h // problem.group
+        arguments = (
             problem.q[b, h, i].cpu().numpy(),
-            k_rows,
-            v_rows,
+            exact("k", b, g).rows(span),
+            exact("v", b, g).rows(span),
             problem.dout[b, h, i].cpu().numpy() if backward else None,
             problem.scale,
             precision_bits,
@@ -126,8 +135,7 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
             actual.update(
                 dq=fast.dq[b, h, i].cpu().numpy(), delta=[float(fast.delta[b, h, i])], offset=[float(fast.offset[b, h, i])]
             )
-        _add(bounds, actual, expected, precision_bits)
-        lse_dd.add(mpf_rows("lse", b, h)[i], expected.values["lse"], 0.0, precision_bits)
+        jobs.append((ref.query_row, arguments, actual, mpf_rows("lse", b, h)[i], len(keys)))
     if backward:
         key_cost = lambda j: problem.group * len(problem.queries_of(j))
         for b, g, j in sample(problem.batch, problem.heads_kv, problem.seen_keys(), rows, rng, key_cost):
@@ -143,12 +151,45 @@ def certify(problem: Problem, fast: FastResult, *, rows: int, precision_bits: in
                 )
                 for h in range(g * problem.group, (g + 1) * problem.group)
             ]
-            expected = ref.key_row(problem.k[b, g, j].cpu().numpy(), exact("v", b, g), j, heads, problem.scale, precision_bits)
+            arguments = (problem.k[b, g, j].cpu().numpy(), exact("v", b, g), j, heads, problem.scale, precision_bits)
             actual = {"dk": fast.dk[b, g, j].cpu().numpy(), "dv": fast.dv[b, g, j].cpu().numpy()}
-            _add(bounds, actual, expected, precision_bits)
+            jobs.append((ref.key_row, arguments, actual, None, key_cost(j)))
+    for (*_, actual, served_lse, _), expected in zip(jobs, _evaluate(jobs)):
+        _add(bounds, actual, expected, precision_bits)
+        if served_lse is not None:
+            lse_dd.add(served_lse, expected.values["lse"], 0.0, precision_bits)
     observed = {name: bound.relative() for name, bound in bounds.items()}
     _enforce({**observed, "lse (double-double, absolute)": lse_dd.absolute()})
     return {name: value for name, value in observed.items() if name not in ("delta", "offset")}
+
+
+#: The rows of one certification, while a pool of forked processes evaluates them.
+_JOBS: list[tuple] = []
+
+
+def _evaluate(jobs: list[tuple]) -> list[ref.Row]:
+    """Each job's mpmath row, in order: in this process, or across the CPU cores above :data:`PARALLEL_MIN_TERMS`.
+
+    The rows are independent, pure Python and numpy (their inputs were made
+    exact and copied to the host here), so forked workers read them from
+    the inherited memory without pickling the inputs; only the rows' mpf
+    results come back.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    workers = min(cores, len(jobs))
+    if workers < 2 or sum(job[-1] for job in jobs) < PARALLEL_MIN_TERMS or "fork" not in mp.get_all_start_methods():
+        return [function(*arguments) for function, arguments, *_ in jobs]
+    _JOBS[:] = jobs
+    try:
+        with mp.get_context("fork").Pool(workers) as pool:
+            return pool.map(_evaluate_job, range(len(jobs)), chunksize=1)
+    finally:
+        _JOBS.clear()
+
+
+def _evaluate_job(index: int) -> ref.Row:
+    function, arguments, *_ = _JOBS[index]
+    return function(*arguments)
 
 
 def _require_finite(problem: Problem, fast: FastResult) -> None:
