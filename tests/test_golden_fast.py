@@ -62,17 +62,30 @@ def _assert_close_to_mpmath(expected, actual, tolerance):
         assert error <= tolerance * scale, f"{name}: error {error:.3g}, scale {scale:.3g}"
 
 
+def _on_host(result):
+    """``result`` with every output tensor copied to the CPU."""
+    return dataclasses.replace(result, **{n: getattr(result, n).cpu() for n in OUTPUTS if getattr(result, n) is not None})
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_fast_matches_mpmath_everywhere(name):
-    """Every element of every output, not only the sampled rows, within 2**-46 of mpmath's largest."""
+def test_fast_matches_mpmath_everywhere(name, device):
+    """Every element of every output, not only the sampled rows, within 2**-46 of mpmath's largest.
+
+    On CUDA the same algorithm runs on cuBLAS float64 and its results stay on the inputs' device.
+    """
     shape, call = CASES[name]
     call = {"softmax_scale": 0.45, **call}
     q, k, v, dout = _case(**shape)
     expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
-    actual = golden.compute(q, k, v, dout, **call, options=FAST)
+    actual = golden.compute(*(t.to(device) for t in (q, k, v, dout)), **call, options=FAST)
     assert actual.method == "fast"
+    assert {getattr(actual, n).device.type for n in OUTPUTS} == {device}
     assert all(bound <= LIMIT for bound in actual.certified_bound.values())
-    _assert_close_to_mpmath(expected, actual, 2.0**-46)
+    _assert_close_to_mpmath(expected, _on_host(actual), 2.0**-46)
 
 
 def test_fast_forward_only_matches_mpmath():
@@ -87,7 +100,7 @@ def test_fast_forward_only_matches_mpmath():
 def test_query_blocks_give_the_same_result(monkeypatch, mask):
     """Blocks of two query rows, each over only the keys it sees (dK, dV accumulated over blocks), agree with mpmath."""
     q, k, v, dout = _case(heads_q=4, heads_kv=2, seqlen_q=7, seqlen_k=9)
-    monkeypatch.setattr(fast, "BLOCK_ELEMENTS", 2 * 9)
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 2 * 9)
     actual = golden.compute(q, k, v, dout, softmax_scale=0.5, **mask, options=FAST)
     expected = golden.compute(q, k, v, dout, softmax_scale=0.5, **mask, options=MPMATH)
     _assert_close_to_mpmath(expected, actual, 2.0**-46)
@@ -95,11 +108,70 @@ def test_query_blocks_give_the_same_result(monkeypatch, mask):
 
 def test_sampling_takes_first_last_and_distinct_rows():
     rng = np.random.default_rng(0)
-    picks = certify._sample(2, 3, np.arange(5, 10), 4, rng)
+    picks = certify.sample(2, 3, range(5, 10), 4, rng, lambda row: 1)
     assert picks[:2] == [(0, 0, 5), (1, 2, 9)]
     assert len(set(picks)) == 4
-    assert certify._sample(1, 1, np.array([3]), 4, rng) == [(0, 0, 3)]
-    assert certify._sample(1, 1, np.array([], dtype=int), 4, rng) == []
+    assert certify.sample(1, 1, range(3, 4), 4, rng, lambda row: 1) == [(0, 0, 3)]
+    assert certify.sample(1, 1, range(0), 4, rng, lambda row: 1) == []
+
+
+def test_sampling_adds_the_rows_where_indexing_bugs_live():
+    """Block boundaries +-1, the last block, 2**15, 2**16 and 2**17 +-1, in the last batch and head."""
+    eligible = range(0, 131072)
+    cost = lambda row: 1 if row else 2**20  # the first row pays for every boundary row
+    picks = certify.sample(2, 4, eligible, 2, np.random.default_rng(0), cost)
+    assert picks[:2] == [(0, 0, 0), (1, 3, 131071)]
+    boundary = {row for b, h, row in picks[2:]}
+    assert {(b, h) for b, h, _ in picks[2:]} == {(1, 3)}
+    assert {63, 64, 65, 127, 128, 129} <= boundary
+    assert {2**15 - 1, 2**15, 2**15 + 1, 2**16 - 1, 2**16, 2**16 + 1} <= boundary
+    assert {131071 // 128 * 128 - 1, 131071 // 128 * 128, 131071 // 128 * 128 + 1} <= boundary
+    assert all(row in eligible for row in boundary)
+    assert certify.boundary_rows(range(70, 100)) == []
+    assert certify.boundary_rows(range(100, 300))[:3] == [127, 128, 129]
+
+
+def test_sampling_keeps_boundary_rows_within_the_term_budget():
+    """At 131,072 tokens the boundary rows are added in order only while their mpmath terms fit."""
+    eligible = range(0, 131072)
+    cost = lambda row: row + 1  # a causal query row sums row + 1 keys
+    picks = certify.sample(1, 1, eligible, 4, np.random.default_rng(0), cost)
+    extra = picks[4:]
+    assert sum(cost(row) for *_, row in extra) <= min(certify.TERM_BUDGET, sum(cost(row) for *_, row in picks[:4]))
+    assert {63, 64, 65, 127, 128, 129, 2**15 - 1, 2**15} <= {row for *_, row in extra}
+    assert 2**17 - 128 not in {row for *_, row in extra}
+
+
+def test_boundary_rows_at_most_double_the_cost_of_a_small_case():
+    """At 2,048 uniform-cost rows, the boundary rows cost no more than the first, last and random rows."""
+    picks = certify.sample(1, 1, range(2048), 4, np.random.default_rng(0), lambda row: 2048)
+    assert [row for *_, row in picks[4:]] == [63, 64, 65, 127]
+
+
+def test_certification_samples_boundary_rows(monkeypatch):
+    """A golden wrong only in row 64 (a block boundary, not the first, last or a random row) fails certification."""
+    q, k, v, dout = _case(seqlen_q=130, seqlen_k=130, head_dim=8, heads_q=1)
+    original = fast.attention
+
+    def wrong_row(problem):
+        result = original(problem)
+        out = result.out.clone()
+        out[:, :, 64] *= 1 + 1e-9
+        return dataclasses.replace(result, out=out)
+
+    monkeypatch.setattr(fast, "attention", wrong_row)
+    with pytest.raises(GoldenError, match=r"certification.*out"):
+        golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=golden.GoldenOptions(method="fast", certify_rows=2))
+
+
+def test_fast_blocks_skip_keys_the_mask_hides(monkeypatch):
+    """With row blocks of 16 rows, a causal block over rows 32..47 only touches keys 0..47."""
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 16 * 64)
+    problem = _problem(seqlen_q=64, seqlen_k=64)
+    plan = fast.blocks(problem)
+    assert [(b.rows.start, b.rows.stop, b.keys.start, b.keys.stop, b.full) for b in plan][2] == (32, 48, 0, 48, False)
+    window = inputs.prepare(*_case(seqlen_q=64, seqlen_k=64), softmax_scale=0.45, causal=False, window_size=(3, 2))
+    assert [(b.keys.start, b.keys.stop) for b in fast.blocks(window)][1] == (13, 34)
 
 
 def _problem(**shape):
@@ -152,9 +224,9 @@ def test_a_nan_anywhere_fails_certification(monkeypatch, name):
 
     def with_nan(problem):
         result = original(problem)
-        array = getattr(result, name).copy()
-        array[0, -1, 20, ...] = np.nan
-        return dataclasses.replace(result, **{name: array})
+        tensor = getattr(result, name).clone()
+        tensor[0, -1, 20, ...] = torch.nan
+        return dataclasses.replace(result, **{name: tensor})
 
     monkeypatch.setattr(fast, "attention", with_nan)
     with pytest.raises(GoldenError, match=rf"produced {name}\[0, \d, 20"):
@@ -184,19 +256,21 @@ def test_rows_reference_agrees_with_plain_mpmath():
     problem = _problem(heads_q=2, heads_kv=1, seqlen_q=5, seqlen_k=6)
     ctx = mp.context(113)
     to_mpf = lambda array: [[[ctx.mpf(float(x)) for x in r] for r in h] for h in array]
-    q, k, v, dout = (to_mpf(getattr(problem, n)[0]) for n in ("q", "k", "v", "dout"))
-    plain = mp.attention_mpf(ctx, q, k, v, dout, mask=problem.mask, scale=ctx.mpf(0.45))
-    scores = np.where(problem.mask, problem.q[0] @ problem.k[0, 0].T, -np.inf)
+    host = {n: problem.host(n) for n in ("q", "k", "v", "dout")}
+    q, k, v, dout = (to_mpf(host[n][0]) for n in ("q", "k", "v", "dout"))
+    mask = problem.visible(slice(0, 5), slice(0, 6)).numpy()
+    plain = mp.attention_mpf(ctx, q, k, v, dout, mask=mask, scale=ctx.mpf(0.45))
+    scores = np.where(mask, host["q"][0] @ host["k"][0, 0].T, -np.inf)
     pivots = np.argmax(scores, axis=-1)
     offsets = [[plain["delta"][h][i] - ctx.fdot(dout[h][i], v[0][pivots[h, i]]) for i in range(5)] for h in range(2)]
     tolerance = ctx.ldexp(1, -105)
-    k_x, v_x = rows.exact(problem.k[0, 0]), rows.exact(problem.v[0, 0])
+    k_x, v_x = rows.exact(host["k"][0, 0]), rows.exact(host["v"][0, 0])
     for h in range(2):
         for i in range(5):
-            keys = np.flatnonzero(problem.mask[i])
+            keys = np.flatnonzero(mask[i])
             pivot = int(np.searchsorted(keys, pivots[h, i]))
             row = rows.query_row(
-                problem.q[0, h, i], k_x.rows(keys), v_x.rows(keys), problem.dout[0, h, i], 0.45, 113, pivot
+                host["q"][0, h, i], k_x.rows(keys), v_x.rows(keys), host["dout"][0, h, i], 0.45, 113, pivot
             )
             expected = {"out": plain["out"][h][i], "dq": plain["dq"][h][i]}
             expected.update(lse=[plain["lse"][h][i]], delta=[plain["delta"][h][i]], offset=[offsets[h][i]])
@@ -205,18 +279,18 @@ def test_rows_reference_agrees_with_plain_mpmath():
                 for got, want in zip(got_row, want_row):
                     assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, h, i)
     for j in range(6):
-        queries = np.flatnonzero(problem.mask[:, j])
+        queries = np.flatnonzero(mask[:, j])
         heads = [
             (
-                rows.exact(problem.q[0, h]).rows(queries),
-                rows.exact(problem.dout[0, h]).rows(queries),
+                rows.exact(host["q"][0, h]).rows(queries),
+                rows.exact(host["dout"][0, h]).rows(queries),
                 [plain["lse"][h][i]._mpf_ for i in queries],
                 pivots[h, queries],
                 [offsets[h][i]._mpf_ for i in queries],
             )
             for h in range(2)
         ]
-        row = rows.key_row(problem.k[0, 0, j], v_x, j, heads, 0.45, 113)
+        row = rows.key_row(host["k"][0, 0, j], v_x, j, heads, 0.45, 113)
         for name in ("dk", "dv"):
             for got, want in zip(row.values[name], plain[name][0][j]):
                 assert abs(ctx.mpf(got) - want) <= tolerance * (1 + abs(want)), (name, j)
@@ -261,7 +335,7 @@ def test_dd_matmul_bound_holds(spread, tiny_row, coarse_b):
         b = b.astype(np.float16).astype(np.float64)
     if tiny_row:
         a[0] *= 2.0**-960
-    hi, lo = eft.dd_matmul(a, b)
+    hi, lo = (x.numpy() for x in eft.dd_matmul(torch.from_numpy(a), torch.from_numpy(b)))
     beta = eft.MIN_SLICE_BITS if coarse_b else (53 - 6) // 2
     gamma = Fraction(3 * 40, 2**53)
     for i in range(3):
@@ -277,7 +351,7 @@ def test_dd_matmul_leading_product_is_exact():
     rng = np.random.default_rng(5)
     a = rng.integers(-1000, 1000, (4, 64)).astype(np.float64) * 2.0**-7
     b = rng.integers(-1000, 1000, (64, 3)).astype(np.float64) * 2.0**-5
-    hi, lo = eft.dd_matmul(a, b)
+    hi, lo = (x.numpy() for x in eft.dd_matmul(torch.from_numpy(a), torch.from_numpy(b)))
     assert not lo.any()
     for i in range(4):
         for j in range(3):
@@ -287,8 +361,8 @@ def test_dd_matmul_leading_product_is_exact():
 def test_two_sum_and_two_prod_are_error_free():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal(50) * 1e3, rng.standard_normal(50) * 1e-7
-    s, e = eft.two_sum(a, b)
-    p, f = eft.two_prod(a, b)
+    s, e = (x.numpy() for x in eft.two_sum(torch.from_numpy(a), torch.from_numpy(b)))
+    p, f = (x.numpy() for x in eft.two_prod(torch.from_numpy(a), torch.from_numpy(b)))
     for i in range(50):
         assert Fraction(s[i]) + Fraction(e[i]) == Fraction(a[i]) + Fraction(b[i])
         assert Fraction(p[i]) + Fraction(f[i]) == Fraction(a[i]) * Fraction(b[i])
@@ -318,3 +392,29 @@ def test_lse_of_a_row_with_one_tiny_score_keeps_its_relative_accuracy():
         served = result.lse[b, h, i].item()
         worst = max(worst, abs(Fraction(served) - exact) / abs(exact))
     assert worst <= 2.0**-52, float(worst)
+
+
+def test_golden_results_stay_on_the_cpu_for_cpu_inputs():
+    """CPU inputs give float64 CPU results in the contract layout, from either method."""
+    q, k, v, dout = _case(seqlen_q=9, seqlen_k=11, heads_q=4, heads_kv=2)
+    for options in (FAST, MPMATH):
+        result = golden.compute(q, k, v, dout, softmax_scale=0.45, causal=True, options=options)
+        for name, shape in {"out": q.shape, "dq": q.shape, "dk": k.shape, "dv": v.shape, "lse": (1, 4, 9)}.items():
+            tensor = getattr(result, name)
+            assert (tensor.device.type, tensor.dtype, tuple(tensor.shape)) == ("cpu", torch.float64, tuple(shape))
+            assert tensor.is_contiguous()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask", [{"causal": True}, {"window_size": (100, 7)}, {}], ids=["causal", "window", "full"])
+def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, mask):
+    """Small CUDA row blocks (dK, dV accumulated over 13 of them) give the CPU path's answer to 2**-45.
+
+    Both are within 2**-46 of mpmath's largest value (test_fast_matches_mpmath_everywhere), so within
+    2**-45 of each other; the products' roundings differ (cuBLAS against OpenBLAS, other row blocks).
+    """
+    q, k, v, dout = _case(seqlen_q=200, seqlen_k=190, heads_q=4, heads_kv=2, head_dim=32, dtype=torch.bfloat16)
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cuda", 16 * 190)
+    on_cpu = golden.compute(q, k, v, dout, softmax_scale=0.2, **mask, options=FAST)
+    on_cuda = golden.compute(*(t.cuda() for t in (q, k, v, dout)), softmax_scale=0.2, **mask, options=FAST)
+    _assert_close_to_mpmath(on_cpu, _on_host(on_cuda), 2.0**-45)

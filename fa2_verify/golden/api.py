@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
 from fa2_verify.golden import cache, certify, fast, mp
@@ -18,7 +17,10 @@ OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 
 @dataclasses.dataclass(frozen=True)
 class GoldenResult:
-    """Expected outputs, float64 CPU tensors, never rounded to the kernel's dtype.
+    """Expected outputs, float64 tensors on the golden's device, never rounded to the kernel's dtype.
+
+    The device is the inputs' CUDA device when ``q`` is on CUDA, else the CPU
+    (:func:`golden.inputs.golden_device`).
 
     ``out``, ``dq``: q's shape; ``dk``, ``dv``: k's shape; ``lse``, ``delta``:
     (batch, heads_q, seqlen_q), ``lse = -inf`` on rows that see no key.
@@ -70,22 +72,24 @@ def compute(
     when the fast path fails certification on a case of at most
     ``AUTO_FALLBACK_MAX_WORK``; results are read from and
     written to the cache (:mod:`golden.cache`) when ``options.resolved_cache_dir()``
-    names one.
+    names one and the outputs take at most :data:`golden.cache.MAX_ENTRY_BYTES`.
     """
     if not isinstance(options, GoldenOptions):
         raise UsageError(f"options={options!r} is not a GoldenOptions: pass golden.GoldenOptions(...)")
     problem = prepare(q, k, v, dout, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
     method = options.resolved_method(problem.work)
-    entry_key = _key(problem, options, method)
     shapes = _shapes(problem)
     cache_dir = options.resolved_cache_dir()
+    if cache_dir is not None and not cache.fits(shapes):
+        cache_dir = None
+    entry_key = _key(problem, options, method) if cache_dir is not None or method == "fast" else ""
     stored = cache.load(cache_dir, entry_key, shapes) if cache_dir is not None else None
     if stored is not None:
         arrays, meta = stored
-        return _result(arrays, meta["method"], meta["certified_bound"])
+        tensors = {name: torch.from_numpy(array).to(problem.device) for name, array in arrays.items()}
+        return _result(tensors, meta["method"], meta["certified_bound"])
     if method == "mpmath":
-        arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
-        bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
+        tensors, bounds = _mpmath(problem, options)
     else:
         served = fast.attention(problem)
         seed = int(entry_key[:16], 16)
@@ -93,20 +97,28 @@ def compute(
             bounds = certify.certify(
                 problem, served, rows=options.certify_rows, precision_bits=options.precision_bits, seed=seed
             )
-            arrays = {name: getattr(served, name) for name in shapes}
+            tensors = {name: getattr(served, name) for name in shapes}
         except GoldenError:
             if options.method != "auto" or problem.work > AUTO_FALLBACK_MAX_WORK:
                 raise
             method = "mpmath"
-            arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
-            bounds = {name: 0.0 for name in OUTPUTS if name in arrays}
+            tensors, bounds = _mpmath(problem, options)
     if cache_dir is not None:
+        arrays = {name: tensor.cpu().numpy() for name, tensor in tensors.items()}
         cache.store(cache_dir, entry_key, arrays, {"method": method, "certified_bound": bounds})
-    return _result(arrays, method, bounds)
+    return _result(tensors, method, bounds)
+
+
+def _mpmath(problem: HeadMajorInputs, options: GoldenOptions) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    """Every output in mpmath (:mod:`golden.mp`), as head-major tensors on the problem's device."""
+    arrays = {name: a for name, a in mp.attention(problem, options.precision_bits).items() if a is not None}
+    tensors = {name: torch.from_numpy(array).to(problem.device) for name, array in arrays.items()}
+    return tensors, {name: 0.0 for name in OUTPUTS if name in arrays}
 
 
 def _key(problem: HeadMajorInputs, options: GoldenOptions, method: str) -> str:
-    tensors = {name: getattr(problem, name) for name in ("q", "k", "v", "dout")}
+    """The cache key, and the seed of the certification's row sample (a hash of the inputs and options)."""
+    tensors = {name: problem.host(name) if getattr(problem, name) is not None else None for name in ("q", "k", "v", "dout")}
     dtypes = dict(zip(("q", "k", "v", "dout"), problem.dtypes))
     settings = {
         "softmax_scale": problem.scale.hex(),
@@ -126,12 +138,12 @@ def _shapes(problem: HeadMajorInputs) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def _result(arrays: dict[str, np.ndarray], method: str, bounds: dict[str, float]) -> GoldenResult:
+def _result(tensors: dict[str, torch.Tensor], method: str, bounds: dict[str, float]) -> GoldenResult:
     def tensor(name: str) -> torch.Tensor | None:
-        if name not in arrays:
+        if name not in tensors:
             return None
-        array = arrays[name]
-        return to_contract(array) if array.ndim == 4 else torch.from_numpy(np.ascontiguousarray(array))
+        value = tensors[name]
+        return to_contract(value) if value.dim() == 4 else value.contiguous()
 
     return GoldenResult(
         out=tensor("out"),

@@ -9,6 +9,10 @@ an uncompressed ``.npz`` of the output arrays (loaded with pickles disabled).
   and fsynced, then ``os.replace``d onto the entry, so a reader sees the old
   file, no file, or the complete new one.  Concurrent writers of one key
   write identical bytes, and the last rename wins.
+* Only entries of at most :data:`MAX_ENTRY_BYTES` of outputs are cached
+  (:func:`fits`): a golden at production scale (e.g. 16 heads of 16,384
+  tokens: 1.6 GB of float64 outputs) would be written and hashed for longer
+  than the fast path takes to recompute it on a GPU, and would fill the disk.
 * Reads trust nothing: a wrong magic, key, size, digest, array set or shape
   makes the entry corrupt; :func:`load` then warns
   (:class:`GoldenCacheWarning`) and reports a miss, and the caller recomputes
@@ -20,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import pathlib
 import warnings
 import zipfile
@@ -31,8 +36,13 @@ from fa2_verify.core.errors import UsageError
 
 MAGIC = b"fa2-verify golden cache 1\n"
 
-#: Bump when the golden's numbers change for the same inputs and options.
-ALGORITHM_VERSION = 2
+#: Bump when the golden's numbers change for the same inputs and options
+#: (3: the fast path in torch, whose non-exact products may round differently).
+ALGORITHM_VERSION = 3
+
+#: Largest total size of an entry's float64 outputs that is cached: 256 MiB,
+#: e.g. forward and backward of 4 heads of 8,192 tokens at head_dim 128.
+MAX_ENTRY_BYTES = 2**28
 
 
 class GoldenCacheWarning(UserWarning):
@@ -51,6 +61,11 @@ def key(tensors: dict[str, tuple[str, np.ndarray] | None], settings: dict) -> st
         digest.update(f"{name}:{dtype}:{array.shape};".encode())
         digest.update(np.ascontiguousarray(array, dtype=np.float64).tobytes())
     return digest.hexdigest()
+
+
+def fits(shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether float64 outputs of these shapes take at most :data:`MAX_ENTRY_BYTES`."""
+    return sum(8 * math.prod(shape) for shape in shapes.values()) <= MAX_ENTRY_BYTES
 
 
 def path(cache_dir: pathlib.Path, entry_key: str) -> pathlib.Path:

@@ -1,26 +1,31 @@
-"""Error-free transformations in float64 and an Ozaki-split matrix product.
+"""Error-free transformations in float64 and an Ozaki-split matrix product, in torch.
 
-A pair ``(hi, lo)`` of float64 arrays stands for the unevaluated sum
+A pair ``(hi, lo)`` of float64 tensors stands for the unevaluated sum
 ``hi + lo`` (double-double).  The transformations below are exact for finite
-inputs without overflow:
+inputs without overflow, on the CPU and on CUDA alike: each torch operation
+is its own kernel and rounds once (no operation is contracted into a fused
+multiply-add across them), and float64 products never take the reduced
+precision paths that ``torch.backends.cuda.matmul.allow_tf32`` and
+``allow_fp16_reduced_precision_reduction`` govern (those apply to float32 and
+float16 only):
 
 * :func:`two_sum` (Knuth): ``s + e == a + b`` with ``s = fl(a + b)``.
-* :func:`two_prod` (Dekker, Veltkamp split; numpy has no fused multiply-add):
-  ``p + e == a * b`` with ``p = fl(a * b)``.
+* :func:`two_prod` (Dekker, Veltkamp split): ``p + e == a * b`` with ``p = fl(a * b)``.
 * :func:`dd_matmul` (after Ozaki, Ogita, Oishi and Rump 2012, "Error-free
   transformations of matrix multiplication"): the leading slices of the rows
   of ``a`` and the columns of ``b`` are integers of at most ``beta`` bits times
   a power of two common to the row (column).  With
   ``beta_a + beta_b + ceil(log2 k) <= 53`` their product is computed by
-  float64 BLAS *exactly*, whatever the summation order; the remainders, at
-  least ``2**beta`` times smaller, are multiplied in plain float64.
+  float64 BLAS (cuBLAS on CUDA) *exactly*, whatever the summation order and
+  whether or not it uses fused multiply-adds; the remainders, at least
+  ``2**beta`` times smaller, are multiplied in plain float64.
 """
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
+import torch
 
 #: Veltkamp's splitter for float64: 2**27 + 1.
 SPLITTER = 134217729.0
@@ -34,23 +39,23 @@ MIN_SLICE_BITS = 15
 _MIN_EXPONENT, _MAX_EXPONENT = -900, 900
 
 
-def two_sum(a, b):
+def two_sum(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, e)`` with ``s = fl(a + b)`` and ``s + e = a + b`` exactly."""
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
 
 
-def two_prod(a, b):
-    """``(p, e)`` with ``p = fl(a * b)`` and ``p + e = a * b`` exactly (|a|, |b| < 2**995)."""
+def two_prod(a: torch.Tensor, b) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(p, e)`` with ``p = fl(a * b)`` and ``p + e = a * b`` exactly (|a|, |b| < 2**995); ``b`` may be a float."""
     p = a * b
     a_hi, a_lo = _veltkamp(a)
     b_hi, b_lo = _veltkamp(b)
     return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
 
 
-def dd_matmul(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``a @ b`` as an unevaluated pair ``hi + lo`` for 2-D float64 ``a`` (m, k), ``b`` (k, n).
+def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``a @ b`` as an unevaluated pair ``hi + lo`` for 2-D float64 ``a`` (m, k), ``b`` (k, n), one device.
 
     With ``budget = 53 - ceil(log2 k)`` bits for the exact product of two
     slices: when every column of ``b`` is exactly a ``budget - MIN_SLICE_BITS``
@@ -75,16 +80,32 @@ def dd_matmul(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m, k = a.shape
     n = b.shape[1]
     if m == 0 or n == 0 or k == 0:
-        return np.zeros((m, n)), np.zeros((m, n))
+        return a.new_zeros((m, n)), a.new_zeros((m, n))
     budget = 53 - math.ceil(math.log2(k))
-    if np.array_equal(leading_slice(b, 0, budget - MIN_SLICE_BITS), b):
+    if torch.equal(leading_slice(b, 0, budget - MIN_SLICE_BITS), b):
         a0 = leading_slice(a, 1, MIN_SLICE_BITS)
-        return a0 @ b, (a - a0) @ b
+        hi = matmul(a0, b)
+        a0.neg_().add_(a)
+        return hi, matmul(a0, b)
     a0 = leading_slice(a, 1, budget // 2)
     b0 = leading_slice(b, 0, budget // 2)
-    lo = a0 @ (b - b0)
-    lo += (a - a0) @ b
-    return a0 @ b0, lo
+    lo = matmul(a0, b - b0)
+    hi = matmul(a0, b0)
+    a0.neg_().add_(a)
+    lo += matmul(a0, b)
+    return hi, lo
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` in float64: cuBLAS on CUDA; on the CPU numpy's BLAS on the same memory.
+
+    numpy's OpenBLAS ran float64 products about 1.4 times faster than torch's
+    MKL on the project's AMD CI machine (docs/benchmarks.md, "Golden"); both
+    are exact on the leading slices, which is all :func:`dd_matmul` relies on.
+    """
+    if a.device.type != "cpu":
+        return a @ b
+    return torch.from_numpy(a.numpy() @ b.numpy())
 
 
 def _veltkamp(a):
@@ -93,21 +114,27 @@ def _veltkamp(a):
     return hi, a - hi
 
 
-def leading_slice(x: np.ndarray, axis: int, beta: int) -> np.ndarray:
+def leading_slice(x: torch.Tensor, axis: int, beta: int) -> torch.Tensor:
     """``x`` rounded to a multiple of ``2**(e - beta)`` along ``axis``, ``2**e`` bounding each row's magnitudes.
 
     Rump's ExtractScalar: ``fl(x + sigma) - sigma`` with
     ``sigma = 0.75 * 2**(e - beta + 53)`` is that rounding, exactly; entries
     are integers of magnitude at most ``2**beta`` in the unit ``2**(e - beta)``,
     and ``x - slice`` is exact.  Rows too far out of float64's exponent range
-    for ``sigma`` use ``ldexp``/``trunc`` (integers below ``2**beta``).
+    for ``sigma`` scale by powers of two and ``trunc`` (integers below ``2**beta``).
     """
-    peak = np.maximum(np.max(x, axis=axis, keepdims=True), -np.min(x, axis=axis, keepdims=True))
-    exponent = np.frexp(peak)[1]
-    if np.all((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)):
-        sigma = np.ldexp(0.75, exponent - beta + 53)
+    peak = x.abs().amax(dim=axis, keepdim=True)
+    exponent = torch.frexp(peak).exponent.to(torch.int64)
+    if bool(((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)).all()):
+        sigma = torch.ldexp(torch.full_like(peak, 0.75), exponent - beta + 53)
         piece = x + sigma
         piece -= sigma
         return piece
     shift = beta - exponent
-    return np.ldexp(np.trunc(np.ldexp(x, shift)), -shift)
+    return _ldexp(torch.trunc(_ldexp(x, shift)), -shift)
+
+
+def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``x * 2**exponent`` in two exact steps, so that neither power of two overflows (|exponent| < 2046)."""
+    half = torch.div(exponent, 2, rounding_mode="floor")
+    return torch.ldexp(torch.ldexp(x, half), exponent - half)

@@ -1,9 +1,13 @@
-"""The fast golden: attention in float64 with error-free transformations.
+"""The fast golden: attention in float64 with error-free transformations, in torch on the case's device.
 
 The formulas are those of :mod:`golden.mp` (Dao 2023, "FlashAttention-2",
 Algorithm 1 forward and Algorithm 2 backward), evaluated per head and per
 block of query rows so that each step's error is the float64 rounding of a
-well-conditioned quantity:
+well-conditioned quantity.  One implementation serves both devices: the
+tensors of :class:`golden.inputs.HeadMajorInputs` live on CUDA when the kernel's
+inputs do (cuBLAS float64 products), else on the CPU.  A block of query rows
+only computes the keys its rows see (a causal or sliding-window mask skips
+the rest), so no ``seqlen_q x seqlen_k`` buffer exists for a whole head:
 
 1. ``S' = Q (sign K)^T`` as a pair ``hi + lo`` by :func:`golden.eft.dd_matmul`
    (its leading product is exact); ``|scale|`` is applied only
@@ -45,69 +49,93 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
+import torch
 
 from fa2_verify.golden.eft import dd_matmul, two_prod, two_sum
 from fa2_verify.golden.inputs import HeadMajorInputs
 
-#: Query rows are processed in blocks of about this many scores (8 MiB of
-#: float64 per temporary), which bounds memory and keeps temporaries in the
-#: allocator's reused heap instead of fresh pages.  A block only computes the
-#: keys its rows see (a causal or sliding-window mask skips the rest); dK and
-#: dV accumulate the blocks in double-double.
-BLOCK_ELEMENTS = 2**20
+#: Query rows are processed in blocks of about this many scores per device
+#: type: 8 MiB of float64 per temporary on the CPU (temporaries stay in the
+#: allocator's reused heap instead of fresh pages), 256 MiB on CUDA (large
+#: enough for cuBLAS to run near its float64 peak; about a dozen temporaries
+#: live at once, so a block holds about 3 GiB).  dK and dV accumulate the
+#: blocks in double-double.
+BLOCK_ELEMENTS = {"cpu": 2**20, "cuda": 2**25}
 
 
 @dataclasses.dataclass(frozen=True)
 class FastResult:
-    """Outputs head-major as in :class:`golden.inputs.HeadMajorInputs`, rounded once to float64.
+    """Outputs head-major as in :class:`golden.inputs.HeadMajorInputs`, rounded once to float64, on its device.
 
     For the certification of dK and dV (:mod:`golden.certify`): ``lse_dd`` is
     ``(hi, lo)`` of LSE, ``pivot`` the key index ``p(i)`` of each row's largest
     score and ``offset`` the row's ``b_i = D_i - dP_{i,p(i)}``.
     """
 
-    out: np.ndarray
-    lse: np.ndarray
-    delta: np.ndarray | None
-    dq: np.ndarray | None
-    dk: np.ndarray | None
-    dv: np.ndarray | None
-    lse_dd: tuple[np.ndarray, np.ndarray]
-    pivot: np.ndarray
-    offset: np.ndarray | None
+    out: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor | None
+    dq: torch.Tensor | None
+    dk: torch.Tensor | None
+    dv: torch.Tensor | None
+    lse_dd: tuple[torch.Tensor, torch.Tensor]
+    pivot: torch.Tensor
+    offset: torch.Tensor | None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    """Query rows ``rows`` over keys ``keys``; ``full`` when every row sees every one of those keys."""
+
+    rows: slice
+    keys: slice
+    full: bool
+
+
+def blocks(problem: HeadMajorInputs) -> list[_Block]:
+    """The row blocks of one head: at most ``BLOCK_ELEMENTS`` scores each, rows that see no key skipped."""
+    step = max(1, BLOCK_ELEMENTS[problem.device.type] // max(problem.seqlen_k, 1))
+    seen = problem.seen_queries()
+    result = []
+    for start in range(seen.start, seen.stop, step):
+        stop = min(seen.stop, start + step)
+        first, last = problem.first[start:stop], problem.last[start:stop]
+        keys = slice(int(first[0]), int(last[-1]) + 1)
+        full = bool(first[-1] == keys.start and last[0] == keys.stop - 1)
+        result.append(_Block(slice(start, stop), keys, full))
+    return result
 
 
 def attention(problem: HeadMajorInputs) -> FastResult:
     """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows."""
     backward = problem.dout is not None
     rows = problem.q.shape[:3]
-    out, dq = np.zeros(problem.q.shape), np.zeros(problem.q.shape)
-    dk, dv = np.zeros(problem.k.shape), np.zeros(problem.v.shape)
-    lse_hi, lse_lo = np.full(rows, -np.inf), np.zeros(rows)
-    delta, offset = np.zeros(rows), np.zeros(rows)
-    pivot = np.zeros(rows, dtype=np.int64)
-    step = max(1, BLOCK_ELEMENTS // max(problem.seqlen_k, 1))
+    device = problem.device
+    out = torch.zeros(problem.q.shape, dtype=torch.float64, device=device)
+    lse_hi = torch.full(rows, -torch.inf, dtype=torch.float64, device=device)
+    lse_lo = torch.zeros(rows, dtype=torch.float64, device=device)
+    pivot = torch.zeros(rows, dtype=torch.int64, device=device)
+    if backward:
+        dq, delta, offset = torch.zeros_like(out), torch.zeros_like(lse_lo), torch.zeros_like(lse_lo)
+        dk, dv = torch.zeros_like(problem.k), torch.zeros_like(problem.v)
+    plan = blocks(problem)
     for b in range(problem.batch):
         for g in range(problem.heads_kv):
             k, v = problem.k[b, g], problem.v[b, g]
-            dk_sum, dv_sum = _zeros_dd(k.shape), _zeros_dd(v.shape)
+            dk_sum, dv_sum = _zeros_dd(k), _zeros_dd(v)
             for h in range(g * problem.group, (g + 1) * problem.group):
-                for start in range(0, problem.seqlen_q, step):
-                    block = slice(start, start + step)
-                    seen = np.flatnonzero(problem.mask[block].any(axis=0))
-                    if not len(seen):
-                        continue
-                    keys = slice(seen[0], seen[-1] + 1)
-                    head = _forward(problem.q[b, h, block], k[keys], v[keys], problem.mask[block, keys], problem.scale)
-                    out[b, h, block], pivot[b, h, block] = head.out, head.pivot + keys.start
-                    lse_hi[b, h, block], lse_lo[b, h, block] = head.lse_hi, head.lse_lo
+                for block in plan:
+                    rows_, keys = block.rows, block.keys
+                    mask = None if block.full else problem.visible(rows_, keys)
+                    head = _forward(problem.q[b, h, rows_], k[keys], v[keys], mask, problem.scale)
+                    out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
+                    lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
                     if not backward:
                         continue
                     grads = _backward(
-                        problem.dout[b, h, block], problem.q[b, h, block], k[keys], v[keys], head, problem.scale
+                        problem.dout[b, h, rows_], problem.q[b, h, rows_], k[keys], v[keys], head, problem.scale
                     )
-                    dq[b, h, block], delta[b, h, block], offset[b, h, block] = grads.dq, grads.delta, grads.offset
+                    dq[b, h, rows_], delta[b, h, rows_], offset[b, h, rows_] = grads.dq, grads.delta, grads.offset
                     _accumulate(dk_sum, grads.dk_sum, keys)
                     _accumulate(dv_sum, grads.dv, keys)
             if backward:
@@ -121,81 +149,89 @@ def attention(problem: HeadMajorInputs) -> FastResult:
 
 @dataclasses.dataclass(frozen=True)
 class _Forward:
-    out: np.ndarray
-    p: np.ndarray
-    pivot: np.ndarray
-    empty: np.ndarray
-    lse_hi: np.ndarray
-    lse_lo: np.ndarray
+    out: torch.Tensor
+    p: torch.Tensor
+    pivot: torch.Tensor
+    empty: torch.Tensor
+    lse_hi: torch.Tensor
+    lse_lo: torch.Tensor
 
 
 @dataclasses.dataclass(frozen=True)
 class _Backward:
-    dq: np.ndarray
-    dk_sum: tuple[np.ndarray, np.ndarray]
-    dv: tuple[np.ndarray, np.ndarray]
-    delta: np.ndarray
-    offset: np.ndarray
+    dq: torch.Tensor
+    dk_sum: tuple[torch.Tensor, torch.Tensor]
+    dv: tuple[torch.Tensor, torch.Tensor]
+    delta: torch.Tensor
+    offset: torch.Tensor
 
 
-def _forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> _Forward:
-    """Steps 1-3 for one block: ``q`` (rows, head_dim), ``k``/``v`` (seqlen_k, head_dim)."""
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> _Forward:
+    """Steps 1-3 for one block: ``q`` (rows, head_dim), ``k``/``v`` (keys, head_dim), ``mask`` None when full."""
     magnitude = abs(scale)
     s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).T))
-    full = bool(mask.all())
-    empty = ~mask.any(axis=1)
-    rows = np.arange(len(q))
-    masked = s_hi if full else np.where(mask, s_hi, -np.inf)
-    pivot = np.argmax(masked, axis=1)
-    row_max = np.where(empty, 0.0, masked[rows, pivot])
-    logits = magnitude * ((s_hi - row_max[:, None]) + s_lo)
-    if not full:
-        logits[~mask] = -np.inf
-    e = np.exp(logits)
-    at_pivot = np.where(empty, 0.0, logits[rows, pivot])
-    e[rows, pivot] = 0.0
-    excess = e.sum(axis=1) + np.expm1(at_pivot)
-    e[rows, pivot] = np.where(empty, 0.0, np.exp(at_pivot))
-    p = e / (1.0 + excess)[:, None]
+    if mask is None:
+        empty = torch.zeros(len(q), dtype=torch.bool, device=q.device)
+        masked = s_hi
+    else:
+        empty = ~mask.any(dim=1)
+        masked = s_hi.masked_fill(~mask, -torch.inf)
+    pivot = torch.argmax(masked, dim=1)
+    at = pivot[:, None]
+    row_max = torch.where(empty, 0.0, masked.gather(1, at).squeeze(1))
+    del masked
+    logits = s_hi.sub_(row_max[:, None]).add_(s_lo).mul_(magnitude)
+    del s_lo
+    if mask is not None:
+        logits.masked_fill_(~mask, -torch.inf)
+    at_pivot = torch.where(empty, 0.0, logits.gather(1, at).squeeze(1))
+    e = logits.exp_()
+    e.scatter_(1, at, 0.0)
+    excess = e.sum(dim=1) + torch.expm1(at_pivot)
+    e.scatter_(1, at, torch.where(empty, 0.0, torch.exp(at_pivot))[:, None])
+    p = e.div_((1.0 + excess)[:, None])
     max_hi, max_lo = two_prod(row_max, magnitude)
-    lse_hi, sum_lo = two_sum(max_hi, np.log1p(excess))
+    lse_hi, sum_lo = two_sum(max_hi, torch.log1p(excess))
     out_hi, out_lo = dd_matmul(p, v)
     return _Forward(
         out_hi + out_lo,
         p,
         pivot,
         empty,
-        np.where(empty, -np.inf, lse_hi),
-        np.where(empty, 0.0, max_lo + sum_lo),
+        torch.where(empty, -torch.inf, lse_hi),
+        torch.where(empty, 0.0, max_lo + sum_lo),
     )
 
 
-def _backward(dout: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, head: _Forward, scale: float) -> _Backward:
+def _backward(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head: _Forward, scale: float
+) -> _Backward:
     """Steps 4-5 for one block; ``dk_sum`` is ``dS^T Q`` before the scale."""
     dp_hi, dp_lo = dd_matmul(dout, v.T)
-    rows = np.arange(len(dout))
-    anchor_hi = np.where(head.empty, 0.0, dp_hi[rows, head.pivot])
-    anchor_lo = np.where(head.empty, 0.0, dp_lo[rows, head.pivot])
-    shifted = (dp_hi - anchor_hi[:, None]) + (dp_lo - anchor_lo[:, None])
-    offset = np.sum(head.p * shifted, axis=1)
-    ds = head.p * (shifted - offset[:, None])
+    at = head.pivot[:, None]
+    anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(1, at).squeeze(1))
+    anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(1, at).squeeze(1))
+    shifted = dp_hi.sub_(anchor_hi[:, None]).add_(dp_lo.sub_(anchor_lo[:, None]))
+    del dp_lo
+    offset = (head.p * shifted).sum(dim=1)
+    ds = shifted.sub_(offset[:, None]).mul_(head.p)
     delta_hi, delta_lo = two_sum(anchor_hi, offset)
     dq = _times(dd_matmul(ds, k), scale)
     return _Backward(dq, dd_matmul(ds.T, q), dd_matmul(head.p.T, dout), delta_hi + (delta_lo + anchor_lo), offset)
 
 
-def _zeros_dd(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros(shape), np.zeros(shape)
+def _zeros_dd(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros_like(like), torch.zeros_like(like)
 
 
-def _accumulate(total: tuple[np.ndarray, np.ndarray], term: tuple[np.ndarray, np.ndarray], rows: slice) -> None:
+def _accumulate(total: tuple[torch.Tensor, torch.Tensor], term: tuple[torch.Tensor, torch.Tensor], rows: slice) -> None:
     """Double-double ``total[rows] += term``, in place."""
     hi, err = two_sum(total[0][rows], term[0])
     total[0][rows] = hi
     total[1][rows] += err + term[1]
 
 
-def _times(pair: tuple[np.ndarray, np.ndarray], scale: float) -> np.ndarray:
+def _times(pair: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:
     """``fl(scale * (hi + lo))`` with one rounding error of the product."""
     hi, lo = pair
     product, err = two_prod(hi, scale)

@@ -1,11 +1,14 @@
-"""Validate the golden's inputs and take them exactly as float64, head-major arrays.
+"""Validate the golden's inputs and take them exactly as float64, head-major tensors on the golden's device.
 
 Every kernel input dtype (float16, bfloat16, float32, float64) converts to
 float64 without rounding, so the golden sees exactly what the kernel saw.
-Arrays are stored head-major, ``(batch, heads, seqlen, head_dim)``, so one
-head's rows are contiguous; :func:`to_contract` turns a result back into the
-contract layout ``(batch, seqlen, heads, head_dim)`` (docs/design.md, "The
-kernel contract").
+Tensors are stored head-major, ``(batch, heads, seqlen, head_dim)``, so one
+head's rows are contiguous, on CUDA when the inputs are on CUDA and on the
+CPU otherwise (:func:`golden_device`); :func:`to_contract` turns a result back
+into the contract layout ``(batch, seqlen, heads, head_dim)`` (docs/design.md,
+"The kernel contract").  The mask is kept as each query row's range of
+visible keys (:func:`core.contract.visible_ranges`), never as a
+``seqlen_q x seqlen_k`` array.
 """
 
 from __future__ import annotations
@@ -17,33 +20,39 @@ import numbers
 import numpy as np
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, dtype_name, effective_window, visible_mask
+from fa2_verify.core.contract import UNBOUNDED, dtype_name, effective_window, visible_ranges
 from fa2_verify.core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
 class HeadMajorInputs:
-    """The golden's inputs, exact in float64 and head-major: tensors, not a case record.
+    """The golden's inputs, exact in float64, head-major, on the golden's device: tensors, not a case record.
 
     The case record is :class:`core.case.CaseSpec`; this is what the golden
     computes on, whatever case (or direct call) the tensors came from.
 
     ``q``, ``dout``: (batch, heads_q, seqlen_q, head_dim); ``k``, ``v``:
     (batch, heads_kv, seqlen_k, head_dim); ``dout`` is ``None`` for a forward-only
-    golden.  ``mask[i, j]`` is True where query ``i`` sees key ``j``
-    (:func:`core.contract.visible_mask`, bottom-right aligned).  ``dtypes``
-    names the dtypes the inputs arrived in (part of the cache key).
+    golden.  Query ``i`` sees keys ``first[i] <= j <= last[i]`` (host int64
+    arrays of :func:`core.contract.visible_ranges`, bottom-right aligned; both
+    are non-decreasing in ``i``).  ``dtypes`` names the dtypes the inputs
+    arrived in (part of the cache key).
     """
 
-    q: np.ndarray
-    k: np.ndarray
-    v: np.ndarray
-    dout: np.ndarray | None
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    dout: torch.Tensor | None
     scale: float
     causal: bool
     window_size: tuple[int, int]
-    mask: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
     dtypes: tuple[str, ...]
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
 
     @property
     def batch(self) -> int:
@@ -79,6 +88,35 @@ class HeadMajorInputs:
         """``batch * heads_q * seqlen_q * seqlen_k * head_dim``: the cost unit of the golden."""
         return self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
 
+    def seen_queries(self) -> range:
+        """The query rows that see at least one key (a contiguous range)."""
+        nonempty = np.flatnonzero(self.first <= self.last)
+        return range(int(nonempty[0]), int(nonempty[-1]) + 1) if len(nonempty) else range(0)
+
+    def seen_keys(self) -> range:
+        """The keys that at least one query sees (a contiguous range)."""
+        rows = self.seen_queries()
+        return range(int(self.first[rows.start]), int(self.last[rows.stop - 1]) + 1) if rows else range(0)
+
+    def keys_of(self, i: int) -> range:
+        """The keys query ``i`` sees."""
+        return range(int(self.first[i]), int(self.last[i]) + 1)
+
+    def queries_of(self, j: int) -> range:
+        """The queries that see key ``j``: ``last[i] >= j`` and ``first[i] <= j``."""
+        return range(int(np.searchsorted(self.last, j, side="left")), int(np.searchsorted(self.first, j, side="right")))
+
+    def visible(self, rows: slice, keys: slice) -> torch.Tensor:
+        """Bool block ``mask[rows, keys]`` on the golden's device: True where query ``i`` sees key ``j``."""
+        first = torch.from_numpy(self.first[rows]).to(self.device)
+        last = torch.from_numpy(self.last[rows]).to(self.device)
+        j = torch.arange(keys.start, keys.stop, device=self.device)
+        return (j >= first[:, None]) & (j <= last[:, None])
+
+    def host(self, name: str) -> np.ndarray:
+        """Input ``name`` (``"q"``, ``"k"``, ``"v"``, ``"dout"``) as a float64 numpy array on the host."""
+        return getattr(self, name).cpu().numpy()
+
 
 def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorInputs:
     """Check the arguments of :func:`golden.compute` and build the exact :class:`HeadMajorInputs`."""
@@ -104,9 +142,10 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorIn
         raise UsageError(f"causal={causal!r} is not a bool: pass True or False")
     window = _check_window(window_size)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    mask = visible_mask(seqlen_q, seqlen_k, causal=causal, window_size=window).numpy()
+    first, last = (r.numpy() for r in visible_ranges(seqlen_q, seqlen_k, causal=causal, window_size=window))
     tensors = (q, k, v) + ((dout,) if dout is not None else ())
-    arrays = [_head_major(name, t) for name, t in zip(("q", "k", "v", "dout"), tensors)]
+    device = golden_device(q)
+    arrays = [_head_major(name, t, device) for name, t in zip(("q", "k", "v", "dout"), tensors)]
     return HeadMajorInputs(
         q=arrays[0],
         k=arrays[1],
@@ -115,14 +154,20 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorIn
         scale=scale,
         causal=causal,
         window_size=window,
-        mask=mask,
+        first=first,
+        last=last,
         dtypes=tuple(dtype_name(t.dtype) for t in tensors),
     )
 
 
-def to_contract(array: np.ndarray) -> torch.Tensor:
-    """(batch, heads, seqlen, head_dim) float64 array -> contract-layout float64 CPU tensor."""
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(0, 2, 1, 3)))
+def golden_device(tensor: torch.Tensor) -> torch.device:
+    """Where the golden of a case whose ``q`` is ``tensor`` runs: that CUDA device, else the CPU."""
+    return tensor.device if tensor.device.type == "cuda" else torch.device("cpu")
+
+
+def to_contract(tensor: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, seqlen, head_dim) float64 tensor -> contiguous contract-layout tensor on its device."""
+    return tensor.transpose(1, 2).contiguous()
 
 
 def _check_tensor(name: str, tensor) -> None:
@@ -161,10 +206,11 @@ def _check_window(window_size) -> tuple[int, int]:
     return effective_window(False, tuple(window_size))
 
 
-def _head_major(name: str, tensor: torch.Tensor) -> np.ndarray:
-    """The exact float64 copy, head-major; a NaN or infinity is reported by its contract-layout index."""
-    exact = tensor.detach().to(device="cpu", dtype=torch.float64).numpy()
-    if not np.isfinite(exact).all():
-        index = [int(i) for i in np.argwhere(~np.isfinite(exact))[0]]
-        raise UsageError(f"{name}{index}={exact[tuple(index)]} is not finite: the golden needs finite inputs")
-    return np.ascontiguousarray(exact.transpose(0, 2, 1, 3))
+def _head_major(name: str, tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """The exact float64 copy on ``device``, head-major; a NaN or infinity is reported by its contract-layout index."""
+    exact = tensor.detach().to(device=device, dtype=torch.float64)
+    finite = torch.isfinite(exact)
+    if not bool(finite.all()):
+        index = [int(i) for i in torch.nonzero(~finite)[0]]
+        raise UsageError(f"{name}{index}={float(exact[tuple(index)])} is not finite: the golden needs finite inputs")
+    return exact.transpose(1, 2).contiguous()

@@ -46,19 +46,21 @@ def context(precision_bits: int) -> mpmath.ctx_mp.MPContext:
 
 
 def attention(problem: HeadMajorInputs, precision_bits: int) -> dict[str, np.ndarray | None]:
-    """All outputs of ``problem`` in mpmath, each rounded once to float64 (head-major arrays)."""
+    """All outputs of ``problem`` in mpmath, each rounded once to float64 (head-major host arrays)."""
     ctx = context(precision_bits)
     backward = problem.dout is not None
     names = ("out", "lse", "delta", "dq", "dk", "dv") if backward else ("out", "lse")
     results = {name: [] for name in names}
+    inputs = {name: problem.host(name) for name in (("q", "k", "v", "dout") if backward else ("q", "k", "v"))}
+    mask = problem.visible(slice(0, problem.seqlen_q), slice(0, problem.seqlen_k)).cpu().numpy()
     for b in range(problem.batch):
         head = attention_mpf(
             ctx,
-            _to_mpf(ctx, problem.q[b]),
-            _to_mpf(ctx, problem.k[b]),
-            _to_mpf(ctx, problem.v[b]),
-            _to_mpf(ctx, problem.dout[b]) if backward else None,
-            mask=problem.mask,
+            _to_mpf(ctx, inputs["q"][b]),
+            _to_mpf(ctx, inputs["k"][b]),
+            _to_mpf(ctx, inputs["v"][b]),
+            _to_mpf(ctx, inputs["dout"][b]) if backward else None,
+            mask=mask,
             scale=ctx.mpf(problem.scale),
         )
         for name in names:

@@ -150,8 +150,13 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     seen = visible.to(torch.float64)
     n_row = seen.sum(1)
     n_col = seen.sum(0)
-    out = golden.out.to(torch.float64)
-    lse = golden.lse.to(torch.float64)
+    # the golden's tensors are on its device (the case's CUDA device, or the CPU)
+    expected = {
+        name: getattr(golden, name).to("cpu", torch.float64)
+        for name in ("out", "lse", "delta", "dq", "dk", "dv")
+        if getattr(golden, name) is not None
+    }
+    out, lse = expected["out"], expected["lse"]
 
     bound_out = torch.empty_like(out)
     bound_lse = torch.empty_like(lse)
@@ -216,7 +221,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 dp = dout_rows @ v[b, :, g].T
                 # (5)
                 b_delta = (dout_abs * b_out).sum(1) + gamma(head_dim) * (dout_abs * o_abs).sum(1)
-                d_rows = (dout_rows * out[b, rows, h]).sum(1) if golden.delta is None else golden.delta[b, h, rows]
+                d_rows = (dout_rows * out[b, rows, h]).sum(1) if "delta" not in expected else expected["delta"][b, h, rows]
                 centered = (dp - d_rows.to(torch.float64)[:, None]).abs()
                 ds_abs = p * centered
                 # (6)
@@ -229,7 +234,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 bound_dq[b, rows, h] = (
                     scale * (b_ds @ k_abs)
                     + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
-                    + u * golden.dq[b, rows, h].abs()
+                    + u * expected["dq"][b, rows, h].abs()
                     + eta
                     + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
                 )
@@ -250,7 +255,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         bounds["dv"] = (
             dv_error
             + (gamma(n_key + group) + u_group) * dv_mass
-            + u * golden.dv.abs()
+            + u * expected["dv"].abs()
             + eta_group
             + 3 * (n_key + group) * seen_key * eta_a
         )
@@ -258,7 +263,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         bounds["dk"] = (
             scale * dk_error
             + (gamma(n_key + group + 2) + u_group) * scale * dk_mass
-            + u * golden.dk.abs()
+            + u * expected["dk"].abs()
             + eta_group
             + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
         )
@@ -266,8 +271,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
         # (11)
-        expected = getattr(golden, name).to(torch.float64)
-        finite = expected[torch.isfinite(expected)]
+        finite = expected[name][torch.isfinite(expected[name])]
         certified = float(golden.certified_bound.get(name, 0.0))
         if certified and finite.numel():
             bound += certified * float(finite.abs().max())
