@@ -12,9 +12,13 @@ The steps (forward as in Dao 2023, Algorithm 1; backward as in Algorithm 2):
    inputs were not modified.  An exception from the kernel or a broken
    contract is status ``error``: a failure of the kernel, with the reason.
 4. Compute the golden (forward and backward in one ``golden.compute`` call),
-   the first-order bounds (:mod:`verify.error_model`) and the naive
-   low-precision attention for the flash-attn ratio (:mod:`verify.lowprec`),
-   and compare each output (:func:`verify.metrics.compare`).
+   the first-order bounds (:mod:`verify.error_model`) and, where it fits
+   (:func:`verify.lowprec.fits`), the naive low-precision attention for the
+   flash-attn ratio (:mod:`verify.lowprec`), and compare each output
+   (:func:`verify.metrics.compare`), all on the case's device.
+
+The wall time of the three phases (kernel, golden, comparison) is recorded
+in :attr:`results.CaseResult.seconds`.
 
 Anything that goes wrong in steps 4 or in fa2-verify itself is raised, never
 recorded as a kernel failure.
@@ -22,6 +26,7 @@ recorded as a kernel failure.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import torch
@@ -38,8 +43,12 @@ _INTEGER_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves."""
-    return tensor.detach().clone().view(_INTEGER_VIEWS[tensor.element_size()])
+    """A host copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves.
+
+    On the host, so that a GPU case at scale does not hold a second copy of
+    its inputs in device memory while the kernel runs.
+    """
+    return tensor.detach().to("cpu", copy=True).view(_INTEGER_VIEWS[tensor.element_size()])
 
 
 def _run_kernel(kernel: LoadedKernel, case: Case) -> dict[str, torch.Tensor]:
@@ -79,16 +88,21 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
     reason = kernel.unavailable_reason(device) or spec.unsupported_reason(kernel.capabilities, device)
     if reason is not None:
         return result("unsupported", reason)
+    started = time.perf_counter()
     try:
         actual = _run_kernel(kernel, case)
     except UnsupportedCase as exc:
         return result("unsupported", str(exc))
     except KernelFailure as exc:
-        return result("error", str(exc))
+        return result("error", str(exc), seconds={"kernel": time.perf_counter() - started})
+    seconds = {"kernel": time.perf_counter() - started}
 
+    started = time.perf_counter()
     golden = golden_for(case, golden_options)
+    seconds["golden"] = time.perf_counter() - started
+    started = time.perf_counter()
     bounds = error_model.first_order_bounds(case, golden)
-    naive = lowprec.naive_attention(case)
+    naive = lowprec.naive_attention(case) if lowprec.fits(spec) else {}
     comparisons = {
         name: metrics.compare(
             name,
@@ -96,13 +110,14 @@ def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) 
             getattr(golden, name),
             bounds[name],
             threshold=error_model.THRESHOLDS[name],
-            lowprec=naive[name],
+            lowprec=naive.get(name),
         )
         for name in actual
     }
+    seconds["comparison"] = time.perf_counter() - started
     status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
     golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
-    return result(status, comparisons=comparisons, golden=golden_record)
+    return result(status, comparisons=comparisons, golden=golden_record, seconds=seconds)
 
 
 def run_cases(
