@@ -14,10 +14,14 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fa2_verify.cli.commands import run as run_command
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.properties import profiles, shapes
+from fa2_verify.properties.cases import fit_budget, work
 from fa2_verify.verify import error_model, metrics
 from fa2_verify.verify.check import check_case, golden_for, run_cases
 from fa2_verify.verify.fixed_cases import FIXED_CASES
@@ -70,13 +74,13 @@ def test_footprint_counts_every_float64_copy():
 
 def test_chunked_comparison_equals_one_chunk(monkeypatch):
     """Bounds in blocks of a few rows and metrics in chunks of a few elements give the same numbers."""
-    spec = CaseSpec(batch=2, seqlen_q=37, seqlen_k=70, heads_q=4, heads_kv=1, head_dim=16, dtype="bfloat16",
+    spec = CaseSpec(batch=1, seqlen_q=37, seqlen_k=70, heads_q=2, heads_kv=1, head_dim=16, dtype="bfloat16",
                     window_size=(20, 3), seed=5)
     case = make_case(spec)
     kernel = load_kernel("reference")
     whole = check_case(kernel, case)
-    monkeypatch.setattr(error_model, "WORK_ELEMENTS", {"cpu": 150, "cuda": 150})
-    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 97)
+    monkeypatch.setattr(error_model, "WORK_ELEMENTS", {"cpu": 600, "cuda": 600})
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 397)
     chunked = check_case(kernel, case)
     assert chunked.status == whole.status == "passed"
     for output, comparison in whole.comparisons.items():
@@ -99,8 +103,9 @@ def test_radix_selection_gives_exact_order_statistics():
 
 
 def test_run_scale_prints_the_set_and_the_time_split(monkeypatch):
-    """``run --cases scale`` on the CPU, on one case of the CPU scale set (the whole set is timed in docs/)."""
-    monkeypatch.setattr(run_command, "SCALE_CASES", {"cpu": (CPU_CASES[-1],)})
+    """``run --cases scale`` on the CPU, on a small copy of one scale case (the whole set is timed in docs/)."""
+    small = dataclasses.replace(CPU_CASES[-1], batch=2)
+    monkeypatch.setattr(run_command, "SCALE_CASES", {"cpu": (small,)})
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(["run", "--kernel", "reference", "--cases", "scale"])
@@ -108,7 +113,7 @@ def test_run_scale_prints_the_set_and_the_time_split(monkeypatch):
     assert code == 0, out + stderr.getvalue()
     assert "case set: scale (cpu, 1 cases)" in out
     timing = out[out.index("kernel s") :].splitlines()
-    assert timing[1].split()[0] == CPU_CASES[-1].name and len(timing[1].split()) == 5
+    assert timing[1].split()[0] == small.name and len(timing[1].split()) == 5
 
 
 @pytest.mark.parametrize("name", sorted(mutants.SCALE_MUTANTS))
@@ -153,3 +158,40 @@ def test_keys_mutant_declines_a_window_it_cannot_keep():
     case = make_case(CaseSpec(batch=1, seqlen_q=30, seqlen_k=40, heads_q=1, heads_kv=1, head_dim=8, dtype="float32",
                               window_size=(4, 0)))
     assert check_case(LoadedKernel("keys", mutant), case).status == "unsupported"
+
+
+# The scale profile ------------------------------------------------------------------
+
+
+def test_scale_profile_draws_production_shapes_on_a_gpu_and_ci_shapes_on_a_cpu():
+    scale = profiles.get("scale")
+    assert scale.targeting and not scale.derandomize
+    assert scale.cpu_limits == profiles.get("ci").cpu_limits
+    limits = scale.cuda_limits
+    assert limits.max_seqlen == 131072 and limits.max_head_dim == 256
+    assert limits.max_batch * limits.max_heads_kv * limits.max_group >= 2048
+
+
+def test_long_boundary_lengths_hold_the_index_and_grid_edges():
+    lengths = set(shapes.boundary_lengths(min_value=1, max_value=131072))
+    assert {255, 257, 4095, 4097, 65535, 65536, 65537, 131071, 131072} <= lengths
+
+
+@settings(max_examples=50, derandomize=True, database=None)
+@given(st.data())
+def test_block_multiples_are_one_off_a_multiple_of_64(data):
+    n = data.draw(shapes.block_multiples(min_value=1, max_value=131072))
+    assert 1 <= n <= 131072 and n % 64 in (0, 1, 63)
+
+
+def test_fit_budget_cuts_batch_and_heads_first_and_keeps_the_long_keys():
+    limits = profiles.get("scale").cuda_limits
+    spec = CaseSpec(batch=32, seqlen_q=131072, seqlen_k=131072, heads_q=128, heads_kv=16, head_dim=256,
+                    dtype="bfloat16", causal=True)
+    fitted = fit_budget(spec, limits, min_batch=2, min_group=2)
+    assert work(fitted) <= limits.max_work and footprint(fitted) <= limits.max_bytes
+    assert fitted.seqlen_k == 131072 and fitted.batch == 2 and fitted.heads_q // fitted.heads_kv == 2
+    assert fitted.seqlen_q in shapes.boundary_lengths(min_value=1, max_value=131072)
+    small = CaseSpec(batch=3, seqlen_q=65537, seqlen_k=17, heads_q=8, heads_kv=1, head_dim=64, dtype="float16")
+    assert fit_budget(small, limits) == small
+    assert fit_budget(spec, profiles.get("ci").cuda_limits) == spec
