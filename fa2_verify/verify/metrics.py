@@ -472,7 +472,7 @@ def compare(
         nonfinite=nonfinite,
         mismatches=mismatches,
         worst=worst,
-        flash_ratio=None if lowprec is None else flash_ratio(actual.detach(), flat_expected.reshape(expected.shape), lowprec.detach()),
+        flash_ratio=None if lowprec is None else flash_ratio(flat_actual, flat_expected, lowprec.detach()),
         passed=mismatches == 0,
     )
 
