@@ -16,8 +16,9 @@ Every magnitude in the bounds (``sum_j P_ij |V_jc|`` and the like) is a
 matmul of absolute values, evaluated in float64 from the golden: ``P`` is
 recomputed as ``exp(S - LSE*)`` with the golden LSE.  The evaluation runs on
 the case's device, one block of query rows at a time over only the keys those
-rows see (:func:`_blocks`), so no (seqlen_q x seqlen_k) tensor is formed and
-the inputs are converted to float64 a block at a time.  A correct kernel keeps
+rows see (:func:`_blocks`) and for all the query heads of one kv head at once,
+so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
+float64 a block at a time.  A correct kernel keeps
 ``|actual - expected| / bound <= THRESHOLDS[output]``.
 """
 
@@ -208,39 +209,40 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         dk_error = torch.zeros_like(dv_error)
         dk_mass = torch.zeros_like(dv_error)
 
-    blocks = _blocks(first, last, seqlen_k, work_elements(device))
+    # the query heads of one kv head share its keys: a block holds all of them
+    blocks = _blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
     for b in range(batch):
-        for h in range(heads_q):
-            g = h // group
+        for g in range(heads_kv):
+            heads = slice(g * group, (g + 1) * group)
             for rows, keys in blocks:
                 key_index = torch.arange(keys.start, keys.stop, device=device)
                 vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
                 seen = vis.to(torch.float64)
-                if b == 0 and h == 0:
+                if b == 0 and g == 0:
                     n_col[keys] += seen.sum(0)
                 n = n_row[rows]
                 nonempty = n > 0
                 k_rows, v_rows = on_device(case.k[b, keys, g]), on_device(case.v[b, keys, g])
                 k_abs, v_abs = k_rows.abs(), v_rows.abs()
-                q_rows = on_device(case.q[b, rows, h])
-                o_abs = out[b, rows, h].abs()
-                lse_rows = torch.where(nonempty, lse[b, h, rows], torch.zeros_like(n))
+                # (group, rows, head_dim) and (group, rows) from here on
+                q_rows = on_device(case.q[b, rows, heads]).transpose(0, 1)
+                o_abs = out[b, rows, heads].transpose(0, 1).abs()
+                lse_rows = torch.where(nonempty, lse[b, heads, rows], 0.0)
                 logits = scale * (q_rows @ k_rows.T)
                 logits_abs = logits.abs()
                 magnitude = scale * (q_rows.abs() @ k_abs.T)
                 # M_i, with a zero column so that a row of no visible key has M_i = 0
-                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(1, keepdim=True)
-                p = torch.where(vis, torch.exp(logits - lse_rows[:, None]), torch.zeros_like(logits))
+                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(-1, keepdim=True)
+                p = torch.where(vis, torch.exp(logits - lse_rows[..., None]), 0.0)
                 # (1)
                 delta_logit = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f
                 p_delta = p * delta_logit
-                p_delta_sum = p_delta.sum(1, keepdim=True)
+                p_delta_sum = p_delta.sum(-1, keepdim=True)
                 pv = p @ v_abs
-                gamma_row = gamma(2 * n)[:, None]
                 # (2)
                 b_out = (
                     u * (o_abs + pv)
-                    + gamma_row * (pv + o_abs)
+                    + gamma(2 * n)[:, None] * (pv + o_abs)
                     + u_a * o_abs
                     + p_delta @ v_abs
                     + p_delta_sum * o_abs
@@ -248,46 +250,50 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     + (eta + eta_a) * (seen @ v_abs)
                     + 3 * n[:, None] * eta_a
                 )
-                bound_out[b, rows, h] = b_out
+                bound_out[b, rows, heads] = b_out.transpose(0, 1)
                 # (3)
                 b_lse = (
-                    p_delta_sum[:, 0]
+                    p_delta_sum[..., 0]
                     + gamma(2 * n)
                     + u_f * (1 + torch.log(n.clamp(min=1)))
-                    + 3 * u_a * (lse_rows.abs() + row_max[:, 0])
+                    + 3 * u_a * (lse_rows.abs() + row_max[..., 0])
                     + u_lse * lse_rows.abs()
                 )
-                bound_lse[b, h, rows] = torch.where(nonempty, b_lse, torch.full_like(b_lse, eta_lse))
+                bound_lse[b, heads, rows] = torch.where(nonempty, b_lse, eta_lse)
                 if not backward:
                     continue
-                dout_rows = on_device(case.dout[b, rows, h])
+                dout_rows = on_device(case.dout[b, rows, heads]).transpose(0, 1)
                 dout_abs = dout_rows.abs()
                 # (4)
-                p_error = delta_logit + b_lse[:, None] + u_a * (logits_abs + lse_rows.abs()[:, None])
+                p_error = delta_logit + b_lse[..., None] + u_a * (logits_abs + lse_rows.abs()[..., None])
                 dp = dout_rows @ v_rows.T
                 # (5)
-                b_delta = (dout_abs * b_out).sum(1) + gamma(head_dim) * (dout_abs * o_abs).sum(1)
-                d_rows = (dout_rows * out[b, rows, h]).sum(1) if delta is None else delta[b, h, rows]
-                centered = (dp - d_rows[:, None]).abs()
+                b_delta = (dout_abs * b_out).sum(-1) + gamma(head_dim) * (dout_abs * o_abs).sum(-1)
+                if delta is None:
+                    d_rows = (dout_rows * out[b, rows, heads].transpose(0, 1)).sum(-1)
+                else:
+                    d_rows = delta[b, heads, rows]
+                centered = (dp - d_rows[..., None]).abs()
                 ds_abs = p * centered
                 # (6)
                 b_ds = (
-                    p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[:, None])
+                    p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[..., None])
                     + (u + 2 * u_a) * ds_abs
                     + (eta + eta_a * (centered + 2 * head_dim + 2)) * seen
                 )
                 # (8)
-                bound_dq[b, rows, h] = (
+                bound_dq[b, rows, heads] = (
                     scale * (b_ds @ k_abs)
                     + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
-                    + u * dq_expected[b, rows, h].abs()
+                    + u * dq_expected[b, rows, heads].transpose(0, 1).abs()
                     + eta
                     + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
-                )
-                dv_error[b, keys, g] += (p * (p_error + u) + (eta + eta_a) * seen).T @ dout_abs
-                dv_mass[b, keys, g] += p.T @ dout_abs
-                dk_error[b, keys, g] += b_ds.T @ q_rows.abs()
-                dk_mass[b, keys, g] += ds_abs.T @ q_rows.abs()
+                ).transpose(0, 1)
+                q_abs = q_rows.abs()
+                dv_error[b, keys, g] += ((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout_abs).sum(0)
+                dv_mass[b, keys, g] += (p.mT @ dout_abs).sum(0)
+                dk_error[b, keys, g] += (b_ds.mT @ q_abs).sum(0)
+                dk_mass[b, keys, g] += (ds_abs.mT @ q_abs).sum(0)
 
     bounds = {"out": bound_out, "lse": bound_lse}
     if backward:
