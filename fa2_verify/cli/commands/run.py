@@ -35,6 +35,9 @@ from fa2_verify.core.case import CaseSpec
 
 REPORT_NAME = "tolerance.json"
 
+#: The case sets ``--cases`` chooses from.
+CASE_SETS = ("fixed", "scale")
+
 _COLUMNS = (
     ("case", "<30"), ("output", "<6"), ("dtype", "<8"), ("p50", ">9"), ("p99", ">9"), ("max", ">9"),
     ("max ULP", ">9"), ("fa ratio", ">9"), ("verdict", "<"),
@@ -54,9 +57,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME} or --markdown")
     parser.set_defaults(handler=handle)
 
-
-#: The case sets ``--cases`` chooses from.
-CASE_SETS = ("fixed", "scale")
 
 _TIMING_COLUMNS = (("case", "<34"), ("kernel s", ">9"), ("golden s", ">9"), ("compare s", ">9"), ("total s", ">9"))
 
