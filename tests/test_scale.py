@@ -23,7 +23,7 @@ from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.properties import profiles, shapes
 from fa2_verify.properties.cases import fit_budget, work
 from fa2_verify.verify import error_model, metrics
-from fa2_verify.verify.check import check_case, golden_for, run_cases
+from fa2_verify.verify.check import check_case, run_cases
 from fa2_verify.verify.fixed_cases import FIXED_CASES
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 from fa2_verify.verify.scale_cases import CPU_CASES, CUDA_CASES, DEVICE_BYTES, footprint
