@@ -6,6 +6,13 @@ They implement the kernel contract and claim the reference's capabilities, so
 any check that passes the reference and misses a mutant has a blind spot.
 Load one as ``tests.mutants:NAME`` (with the repository root on ``sys.path``);
 :data:`MUTANTS` maps every name to its kernel.
+
+:data:`SCALE_MUTANTS` are wrong only at production scale and right at every
+shape of the fixed case set: a correct kernel (``triton`` on a GPU, whose
+speed the scale set needs, ``reference`` on the CPU) behind one emulated
+deviation that only appears past a size limit (:class:`ScaleMutant`).
+``fa2-verify run --cases scale`` on a GPU is what catches them
+(``ci/device-scale.sh``).
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, effective_window, visible_mask
+from fa2_verify.core.contract import UNBOUNDED, Capabilities, effective_window, visible_mask
+from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.kernels.reference import DEFERRED, NEG_INF, Tiles, TiledAttention
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
 
 
 class Mutant(TiledAttention):
@@ -193,4 +202,124 @@ EMPTY_ROW_NAN = EmptyRowNan()
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
 MUTANTS: dict[str, Mutant] = {
     name: kernel for name, kernel in globals().items() if name.isupper() and isinstance(kernel, Mutant)
+}
+
+
+class ScaleMutant:
+    """A correct kernel per device (:data:`BASES`) with one deviation past a size limit.
+
+    Capabilities are the base kernels': the reference's on the CPU, the
+    triton kernel's on CUDA.
+    """
+
+    #: device type -> the bundled kernel the mutant deviates from.
+    BASES = {"cpu": "reference", "cuda": "triton"}
+
+    def base(self, device: torch.device) -> LoadedKernel:
+        return load_kernel(self.BASES[device.type])
+
+    @property
+    def capabilities(self) -> Capabilities:
+        cpu, cuda = (load_kernel(self.BASES[device]).capabilities for device in ("cpu", "cuda"))
+        dtypes = {"cpu": cpu.dtypes["cpu"], **({"cuda": cuda.dtypes["cuda"]} if "cuda" in cuda.dtypes else {})}
+        return Capabilities(
+            dtypes=dtypes,
+            head_dims=cpu.head_dims,
+            device_head_dims={"cuda": cuda.head_dims},
+            deterministic_backward=True,
+        )
+
+    def config(self) -> dict[str, Any]:
+        return {"mutant": type(self).__name__, "bases": dict(self.BASES)}
+
+
+class KeysPastLimitIgnored(ScaleMutant):
+    """Keys at index ``key_limit`` (65,536) and beyond are never visited, as
+    in a kernel whose key-block loop bound or key index is held in 16 bits:
+    the outputs are those of the keys below the limit under the same
+    bottom-right aligned mask, and ``dk``/``dv`` of the ignored keys are 0."""
+
+    def __init__(self, key_limit: int = 1 << 16) -> None:
+        self.key_limit = key_limit
+
+    def _visited_window(self, seqlen_k: int, causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
+        """The window that, over the first ``key_limit`` keys, keeps each query's diagonal where it was.
+
+        Cutting ``seqlen_k`` to the limit moves the bottom-right diagonal
+        left by ``shift = seqlen_k - key_limit``; widening the right edge and
+        narrowing the left edge by ``shift`` puts every visible key back.
+        """
+        shift = seqlen_k - self.key_limit
+        left, right = effective_window(causal, window_size)
+        if left != UNBOUNDED and left < shift:
+            raise UnsupportedCase(f"{type(self).__name__}: a left window of {left} cannot be kept past {shift} cut keys")
+        return (UNBOUNDED if left == UNBOUNDED else left - shift, UNBOUNDED if right == UNBOUNDED else right + shift)
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        base = self.base(q.device)
+        if k.shape[1] <= self.key_limit:
+            return base.forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        window = self._visited_window(k.shape[1], causal, window_size)
+        kept = slice(0, self.key_limit)
+        return base.forward(q, k[:, kept], v[:, kept], softmax_scale=softmax_scale, causal=False, window_size=window)
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
+                 deterministic=False):
+        base = self.base(q.device)
+        masking = {"softmax_scale": softmax_scale, "deterministic": deterministic}
+        if k.shape[1] <= self.key_limit:
+            return base.backward(dout, q, k, v, out, lse, causal=causal, window_size=window_size, **masking)
+        window = self._visited_window(k.shape[1], causal, window_size)
+        kept, ignored = slice(0, self.key_limit), slice(self.key_limit, None)
+        dq, dk, dv = base.backward(dout, q, k[:, kept], v[:, kept], out, lse, causal=False, window_size=window, **masking)
+        return dq, torch.cat([dk, torch.zeros_like(k[:, ignored])], 1), torch.cat([dv, torch.zeros_like(v[:, ignored])], 1)
+
+
+class BatchOffsetWrap(ScaleMutant):
+    """The element offset of q's batch ``b``, ``b * seqlen_q * heads_q * head_dim``,
+    is computed in a signed ``offset_bits``-bit (32-bit) integer: past 2^31
+    elements it wraps negative, and the kernel reads that batch's queries
+    from the wrapped address (emulated as the same offset modulo q's size),
+    in the forward and the backward alike."""
+
+    def __init__(self, offset_bits: int = 32) -> None:
+        self.offset_bits = offset_bits
+
+    def _read_q(self, q: torch.Tensor) -> torch.Tensor:
+        """q as the kernel reads it: each batch from its offset wrapped to ``offset_bits`` bits."""
+        limit, modulus = 1 << (self.offset_bits - 1), 1 << self.offset_bits
+        stride = q[0].numel()
+        if (q.shape[0] - 1) * stride < limit:
+            return q
+        flat = q.reshape(-1)
+        batches = []
+        for b in range(q.shape[0]):
+            wrapped = (b * stride + limit) % modulus - limit
+            start = wrapped % flat.numel()
+            read = flat[start : start + stride]
+            if wrapped != b * stride and len(read) < stride:
+                read = torch.cat([read, flat[: stride - len(read)]])
+            batches.append(read.reshape(q.shape[1:]))
+        return torch.stack(batches)
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        return self.base(q.device).forward(
+            self._read_q(q), k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size
+        )
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
+                 deterministic=False):
+        return self.base(q.device).backward(
+            dout, self._read_q(q), k, v, out, lse, softmax_scale=softmax_scale, causal=causal,
+            window_size=window_size, deterministic=deterministic,
+        )
+
+
+KEYS_PAST_65536_IGNORED = KeysPastLimitIgnored()
+BATCH_OFFSET_INT32_WRAP = BatchOffsetWrap()
+
+#: name -> scale mutant; ``tests.mutants:NAME`` loads the same object.
+SCALE_MUTANTS: dict[str, ScaleMutant] = {
+    "KEYS_PAST_65536_IGNORED": KEYS_PAST_65536_IGNORED,
+    "BATCH_OFFSET_INT32_WRAP": BATCH_OFFSET_INT32_WRAP,
 }

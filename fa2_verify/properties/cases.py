@@ -10,6 +10,7 @@ missing capability is skipped by the plugin before any case is drawn.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable
 
 from hypothesis import strategies as st
@@ -20,9 +21,45 @@ from fa2_verify.properties.profiles import Limits
 from fa2_verify.properties.validation import check_bool
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
+from fa2_verify.verify.scale_cases import footprint
 
 #: The shape limits used when none are given.
 DEFAULT_LIMITS = Limits()
+
+
+def work(spec: CaseSpec) -> int:
+    """``batch * heads_q * seqlen_q * seqlen_k * head_dim``: the cost unit of the golden and the error model."""
+    return spec.batch * spec.heads_q * spec.seqlen_q * spec.seqlen_k * spec.head_dim
+
+
+def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_q: int = 1, min_group: int = 1) -> CaseSpec:
+    """``spec`` cut down until its work and footprint are within ``limits.max_work`` and ``limits.max_bytes``.
+
+    In this order, each step halving one size while the case is over budget
+    and never going below what the property asked for: the batch, the kv
+    heads, the group, then ``seqlen_q`` (to the largest boundary length at
+    most half of it, :func:`shapes.boundary_lengths`).  ``seqlen_k``, the long
+    keys where the scale bugs live, is kept.  Deterministic, so Hypothesis
+    shrinks and replays through it.
+    """
+
+    def over(candidate: CaseSpec) -> bool:
+        too_long = limits.max_work is not None and work(candidate) > limits.max_work
+        return too_long or (limits.max_bytes is not None and footprint(candidate) > limits.max_bytes)
+
+    while over(spec):
+        group = spec.heads_q // spec.heads_kv
+        if spec.batch > min_batch:
+            spec = dataclasses.replace(spec, batch=max(min_batch, spec.batch // 2))
+        elif spec.heads_kv > 1 and group * (spec.heads_kv // 2) >= min_heads_q:
+            spec = dataclasses.replace(spec, heads_kv=spec.heads_kv // 2, heads_q=group * (spec.heads_kv // 2))
+        elif group // 2 >= min_group and (group // 2) * spec.heads_kv >= min_heads_q:
+            spec = dataclasses.replace(spec, heads_q=(group // 2) * spec.heads_kv)
+        elif spec.seqlen_q > 1:
+            spec = dataclasses.replace(spec, seqlen_q=shapes.boundary_lengths(min_value=1, max_value=spec.seqlen_q // 2)[-1])
+        else:
+            break
+    return spec
 
 
 def case_specs(
@@ -77,7 +114,7 @@ def case_specs(
             if masked
             else masks.NO_MASK
         )
-        return CaseSpec(
+        spec = CaseSpec(
             batch=draw(batch_strategy),
             seqlen_q=seqlen_q,
             seqlen_k=seqlen_k,
@@ -93,5 +130,6 @@ def case_specs(
             backward=backward,
             deterministic=deterministic,
         )
+        return fit_budget(spec, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
 
     return build()

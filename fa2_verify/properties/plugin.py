@@ -1,6 +1,6 @@
 """The pytest plugin of the property suite (entry point ``pytest11: fa2_verify``).
 
-``pytest --pyargs fa2_verify.properties --fa2-kernel=NAME|module:attr [--fa2-device=cpu|cuda] [--fa2-profile=dev|ci|nightly]``
+``pytest --pyargs fa2_verify.properties --fa2-kernel=NAME|module:attr [--fa2-device=cpu|cuda] [--fa2-profile=dev|ci|nightly|scale]``
 runs every property test against one kernel target (``--fa2-dtypes`` limits
 the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 

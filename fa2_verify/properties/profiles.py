@@ -1,4 +1,4 @@
-"""The suite's Hypothesis profiles, defined in one place: ``dev``, ``ci`` and ``nightly``.
+"""The suite's Hypothesis profiles, defined in one place: ``dev``, ``ci``, ``nightly`` and ``scale``.
 
 A profile is an example budget, a randomness policy and the shape limits
 (:class:`Limits`) its cases are drawn within:
@@ -17,7 +17,13 @@ A profile is an example budget, a randomness policy and the shape limits
   database.  The database is set explicitly
   (``DirectoryBasedExampleDatabase``), because with ``CI`` set in the
   environment Hypothesis would otherwise load its own ``ci`` profile and drop
-  the database; a CI job keeps the directory as an artifact and restores it.
+  the database; a CI job keeps the directory as an artifact and restores it;
+* ``scale``: production shapes on a GPU (the CPU keeps the ``ci`` limits):
+  lengths up to 131,072 with the long boundary values of
+  :mod:`properties.shapes`, head_dim up to 256, batch x heads up to 4,096,
+  each example within a budget of work (:data:`SCALE_MAX_WORK`, about 30 s of
+  golden on an H100) and of device memory (:data:`SCALE_MAX_BYTES`), random,
+  with the example database and ``hypothesis.target`` steering.
 
 The property tests take their settings from :func:`settings_for`, which the
 plugin calls with the session's profile when it turns the declarations into
@@ -38,17 +44,27 @@ from fa2_verify.core.errors import UsageError
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Upper bounds on the shapes drawn; each profile picks its own (small on the CPU)."""
+    """Upper bounds on the shapes drawn; each profile picks its own (small on the CPU).
+
+    ``max_work`` (``batch * heads_q * seqlen_q * seqlen_k * head_dim``, the
+    cost unit of the golden and the error model) and ``max_bytes`` (device
+    memory, :func:`verify.scale_cases.footprint`) are the per-example budget
+    of a profile whose lengths alone could exceed it: a drawn case over
+    budget is cut down (:func:`properties.cases.fit_budget`).  ``None``: no budget.
+    """
 
     max_batch: int = 2
     max_heads_kv: int = 2
     max_group: int = 3
     max_seqlen: int = 80
     max_head_dim: int = 64
+    max_work: int | None = None
+    max_bytes: int | None = None
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
-            check_int(field.name, getattr(self, field.name), min_value=1)
+            if getattr(self, field.name) is not None or field.name not in ("max_work", "max_bytes"):
+                check_int(field.name, getattr(self, field.name), min_value=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +90,14 @@ class Profile:
         return self.cuda_limits if device.startswith("cuda") else self.cpu_limits
 
 
+#: Largest work of one ``scale`` example: (1, 1, 131072, 131072, 64), a causal
+#: (1, 1, 131072, 128) being half of it, whose golden takes at most 30 s on an H100.
+SCALE_MAX_WORK = 2**40
+
+#: Device memory of one ``scale`` example: a quarter of an H100's, since a
+#: metamorphic relation runs the kernel on up to a few variants of the case.
+SCALE_MAX_BYTES = 20 * 10**9
+
 _SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=72, max_head_dim=64)
 _GPU = Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=160, max_head_dim=128)
 
@@ -97,6 +121,22 @@ PROFILES: dict[str, Profile] = {
             False,
             Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=136, max_head_dim=64),
             Limits(max_batch=3, max_heads_kv=3, max_group=4, max_seqlen=300, max_head_dim=256),
+        ),
+        Profile(
+            "scale",
+            "production shapes on a GPU (up to 131072 tokens) within a per-example budget, random, with the database",
+            200,
+            False,
+            _SMALL,
+            Limits(
+                max_batch=32,
+                max_heads_kv=16,
+                max_group=8,
+                max_seqlen=131072,
+                max_head_dim=256,
+                max_work=SCALE_MAX_WORK,
+                max_bytes=SCALE_MAX_BYTES,
+            ),
         ),
     )
 }

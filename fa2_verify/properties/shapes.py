@@ -3,7 +3,11 @@
 Sequence lengths favour the sizes where tiled kernels break: 1 and 2, primes
 (never a multiple of a tile), and every block size plus and minus one (a tail
 tile of one row, or a full tile but one).  FA2 tiles queries into blocks of
-B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).
+B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).  Past
+256 tokens (the ``scale`` profile) they also favour the powers of two plus
+and minus one up to 2^17 (65,535 to 65,537 among them: 16-bit indices and
+grid limits) and any multiple of 64 or 128 plus or minus one (a long sequence
+ending one row into, or one row short of, a tile).
 """
 
 from __future__ import annotations
@@ -17,27 +21,55 @@ from fa2_verify.core.errors import UsageError
 #: Tile sizes of common FA2 implementations (B_r and B_c in the FA2 paper).
 BLOCK_SIZES: tuple[int, ...] = (16, 32, 64, 128)
 
+#: Multiples of these, plus and minus one, are drawn past 256 tokens.
+LONG_BLOCK_SIZES: tuple[int, ...] = (64, 128)
+
+#: Powers of two plus and minus one, 256 to 2^17: index widths and grid limits (65,535 to 65,537).
+LONG_LENGTHS: tuple[int, ...] = tuple(sorted({2**k + d for k in range(8, 18) for d in (-1, 0, 1)}))
+
 #: Primes up to 256: lengths that are never a multiple of a tile.
 PRIMES: tuple[int, ...] = tuple(n for n in range(2, 257) if all(n % p for p in range(2, int(n**0.5) + 1)))
 
 
 def boundary_lengths(*, min_value: int, max_value: int, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> list[int]:
     """The lengths in ``[min_value, max_value]`` that tiling bugs hide behind, smallest first."""
-    special = {0, 1, 2, *PRIMES}
+    special = {0, 1, 2, *PRIMES, *LONG_LENGTHS}
     for block in block_sizes:
         special.update((block - 1, block, block + 1))
     return sorted(n for n in special if min_value <= n <= max_value)
 
 
+def block_multiples(*, min_value: int, max_value: int) -> st.SearchStrategy[int]:
+    """``m * block + d`` in ``[min_value, max_value]`` for ``block`` in :data:`LONG_BLOCK_SIZES`, ``d`` in -1, 0, 1.
+
+    Shrinks toward the smallest multiple of 64 minus one.
+    """
+    check_int("max_value", max_value, min_value=max(min_value, max(LONG_BLOCK_SIZES) + 1))
+    blocks = st.sampled_from(LONG_BLOCK_SIZES)
+    return blocks.flatmap(
+        lambda block: st.builds(
+            lambda multiple, offset: block * multiple + offset,
+            st.integers(1, (max_value - 1) // block),
+            st.sampled_from((-1, 0, 1)),
+        )
+    ).filter(lambda n: min_value <= n)
+
+
 def seqlens(*, min_value: int = 1, max_value: int = 128, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> st.SearchStrategy[int]:
-    """A sequence length in ``[min_value, max_value]``, half the time a boundary length."""
+    """A sequence length in ``[min_value, max_value]``, half the time a boundary length.
+
+    Past 256 a third of the draws are :func:`block_multiples` instead.
+    Shrinks toward ``min_value`` and the first boundary lengths.
+    """
     check_int("min_value", min_value, min_value=0)
     check_int("max_value", max_value, min_value=max(min_value, 1))
     for block in block_sizes:
         check_int("block_sizes[]", block, min_value=1)
+    boundaries = st.sampled_from(boundary_lengths(min_value=min_value, max_value=max_value, block_sizes=block_sizes))
+    if max_value <= 256:
+        return st.one_of(boundaries, st.integers(min_value, max_value))
     return st.one_of(
-        st.sampled_from(boundary_lengths(min_value=min_value, max_value=max_value, block_sizes=block_sizes)),
-        st.integers(min_value, max_value),
+        boundaries, block_multiples(min_value=min_value, max_value=max_value), st.integers(min_value, max_value)
     )
 
 

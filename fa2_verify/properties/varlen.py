@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
+from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.properties import inputs, masks, shapes
+from fa2_verify.properties.cases import fit_budget
 from fa2_verify.properties.profiles import Limits
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.varlen import VarlenSpec
@@ -38,12 +40,21 @@ def varlen_specs(
         causal, window_size = draw(
             masks.masks(seqlen_q=longest_q, seqlen_k=longest_k, causal=capabilities.causal, window=capabilities.window)
         )
+        head_dim = draw(shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim))
+        dtype = draw(inputs.dtypes(capabilities=capabilities, device=device, include=dtypes))
+        # the per-example budget, on the padded batch that holds every sequence
+        padded = fit_budget(
+            CaseSpec(batch=len(seqlens), seqlen_q=longest_q, seqlen_k=longest_k, heads_q=heads_q, heads_kv=heads_kv,
+                     head_dim=head_dim, dtype=dtype, backward=backward),
+            limits,
+            min_batch=len(seqlens),
+        )
         return VarlenSpec.packing(
-            seqlens,
-            heads_q=heads_q,
-            heads_kv=heads_kv,
-            head_dim=draw(shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim)),
-            dtype=draw(inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)),
+            tuple((min(seqlen_q, padded.seqlen_q), seqlen_k) for seqlen_q, seqlen_k in seqlens),
+            heads_q=padded.heads_q,
+            heads_kv=padded.heads_kv,
+            head_dim=head_dim,
+            dtype=dtype,
             causal=causal,
             window_size=window_size,
             softmax_scale=draw(inputs.softmax_scales()),

@@ -12,9 +12,13 @@ The steps (forward as in Dao 2023, Algorithm 1; backward as in Algorithm 2):
    inputs were not modified.  An exception from the kernel or a broken
    contract is status ``error``: a failure of the kernel, with the reason.
 4. Compute the golden (forward and backward in one ``golden.compute`` call),
-   the first-order bounds (:mod:`verify.error_model`) and the naive
-   low-precision attention for the flash-attn ratio (:mod:`verify.lowprec`),
-   and compare each output (:func:`verify.metrics.compare`).
+   the first-order bounds (:mod:`verify.error_model`) and, where it fits
+   (:func:`verify.lowprec.fits`), the naive low-precision attention for the
+   flash-attn ratio (:mod:`verify.lowprec`), and compare each output
+   (:func:`verify.metrics.compare`), all on the case's device.
+
+The wall time of the three phases (kernel, golden, comparison) is recorded
+in :attr:`results.CaseResult.seconds`.
 
 Anything that goes wrong in steps 4 or in fa2-verify itself is raised, never
 recorded as a kernel failure.
@@ -22,6 +26,7 @@ recorded as a kernel failure.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable
 
 import torch
@@ -39,8 +44,12 @@ _INTEGER_VIEWS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves."""
-    return tensor.detach().clone().view(_INTEGER_VIEWS[tensor.element_size()])
+    """A host copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves.
+
+    On the host, so that a GPU case at scale does not hold a second copy of
+    its inputs in device memory while the kernel runs.
+    """
+    return tensor.detach().to("cpu", copy=True).view(_INTEGER_VIEWS[tensor.element_size()])
 
 
 def _run_kernel(kernel: LoadedKernel, case: Case) -> dict[str, torch.Tensor]:
@@ -69,11 +78,20 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
     )
 
 
-def _compared(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden_options: Any) -> CaseResult:
-    """Step 4 of the module docstring: ``actual`` (the kernel's outputs of ``case``) against the golden."""
+def _compared(
+    kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden_options: Any, seconds: dict[str, float]
+) -> CaseResult:
+    """Step 4 of the module docstring: ``actual`` (the kernel's outputs of ``case``) against the golden.
+
+    ``seconds`` holds the kernel's time; the golden's and the comparison's are added to it.
+    """
+    spec = case.spec
+    started = time.perf_counter()
     golden = golden_for(case, golden_options)
+    seconds["golden"] = time.perf_counter() - started
+    started = time.perf_counter()
     bounds = error_model.first_order_bounds(case, golden)
-    naive = lowprec.naive_attention(case)
+    naive = lowprec.naive_attention(case) if lowprec.fits(spec) else {}
     comparisons = {
         name: metrics.compare(
             name,
@@ -81,10 +99,11 @@ def _compared(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor],
             getattr(golden, name),
             bounds[name],
             threshold=error_model.THRESHOLDS[name],
-            lowprec=naive[name],
+            lowprec=naive.get(name),
         )
         for name, tensor in actual.items()
     }
+    seconds["comparison"] = time.perf_counter() - started
     status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
     golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}
     return CaseResult(
@@ -94,31 +113,39 @@ def _compared(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor],
         status=status,
         comparisons=comparisons,
         golden=golden_record,
+        seconds=seconds,
     )
 
 
 def _run_or_decline(
-    kernel: LoadedKernel, spec: CaseSpec, device: str, run: Callable[[], dict[str, torch.Tensor]]
+    kernel: LoadedKernel, spec: CaseSpec, device: str, run: Callable[[], dict[str, torch.Tensor]], seconds: dict
 ) -> tuple[dict[str, torch.Tensor] | None, str, str]:
-    """Steps 1 to 3 of the module docstring: ``(outputs, "", "")``, or ``(None, status, reason)``."""
+    """Steps 1 to 3 of the module docstring: ``(outputs, "", "")``, or ``(None, status, reason)``.
+
+    The kernel's wall time (calls and contract checks) goes into ``seconds["kernel"]``.
+    """
     reason = kernel.unavailable_reason(device) or spec.unsupported_reason(kernel.capabilities, device)
     if reason is not None:
         return None, "unsupported", reason
+    started = time.perf_counter()
     try:
         return run(), "", ""
     except UnsupportedCase as exc:
         return None, "unsupported", str(exc)
     except KernelFailure as exc:
         return None, "error", str(exc)
+    finally:
+        seconds["kernel"] = time.perf_counter() - started
 
 
 def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
     """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
-    device = str(case.q.device)
-    actual, status, reason = _run_or_decline(kernel, case.spec, device, lambda: _run_kernel(kernel, case))
+    device, seconds = str(case.q.device), {}
+    actual, status, reason = _run_or_decline(kernel, case.spec, device, lambda: _run_kernel(kernel, case), seconds)
     if actual is None:
-        return CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason)
-    return _compared(kernel, case, actual, golden_options)
+        return CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason,
+                          seconds=seconds)
+    return _compared(kernel, case, actual, golden_options, seconds)
 
 
 def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = None) -> list[CaseResult]:
@@ -130,8 +157,8 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     docstring); otherwise each sequence's rows of the packed outputs are
     compared as :func:`check_case` compares a case (step 4).
     """
-    device = str(packed.q.device)
-    actual, status, reason = _run_or_decline(kernel, packed.spec, device, lambda: run_varlen(kernel, packed))
+    device, seconds = str(packed.q.device), {}
+    actual, status, reason = _run_or_decline(kernel, packed.spec, device, lambda: run_varlen(kernel, packed), seconds)
     if actual is None:
         return [
             CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason)
@@ -142,7 +169,7 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
         rows_q, rows_k = packed.rows(index)
         packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
         sequence = {name: tensor[packed_rows[name]].unsqueeze(0) for name, tensor in actual.items()}
-        results.append(_compared(kernel, case, sequence, golden_options))
+        results.append(_compared(kernel, case, sequence, golden_options, dict(seconds)))
     return results
 
 

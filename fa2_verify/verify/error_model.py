@@ -14,7 +14,11 @@ dtype; ``LSE = m + log l`` in float32.  Algorithm 2 (backward) recomputes
 
 Every magnitude in the bounds (``sum_j P_ij |V_jc|`` and the like) is a
 matmul of absolute values, evaluated in float64 from the golden: ``P`` is
-recomputed as ``exp(S - LSE*)`` with the golden LSE.  A correct kernel keeps
+recomputed as ``exp(S - LSE*)`` with the golden LSE.  The evaluation runs on
+the case's device, one block of query rows at a time over only the keys those
+rows see (:func:`_blocks`) and for all the query heads of one kv head at once,
+so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
+float64 a block at a time.  A correct kernel keeps
 ``|actual - expected| / bound <= THRESHOLDS[output]``.
 """
 
@@ -25,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from fa2_verify.core.contract import visible_mask
+from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.core.errors import UsageError
 
@@ -36,8 +40,10 @@ THRESHOLDS: Mapping[str, float] = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0,
 #: in units of the dtype's ``u`` (docs/error-model.md, "Second-order terms").
 SECOND_ORDER_UNITS = 4
 
-#: Rows of the (rows x seqlen_k) float64 work matrices evaluated at once.
-_WORK_ELEMENTS = 1 << 20
+#: Elements of the (rows x keys) float64 work matrices evaluated at once, per
+#: device type: 8 MiB per matrix on the CPU (cache-sized), 256 MiB on a GPU (a
+#: few GiB for the dozen alive at once), so that a 131072-key row needs no more.
+WORK_ELEMENTS: Mapping[str, int] = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
 def unit_roundoff(dtype: torch.dtype) -> float:
@@ -98,8 +104,46 @@ def _gamma(n: torch.Tensor | float, unit: float) -> torch.Tensor:
     return nu / (1 - nu)
 
 
+def work_elements(device: torch.device | str) -> int:
+    """:data:`WORK_ELEMENTS` of ``device``'s type (a GPU's for any accelerator)."""
+    return WORK_ELEMENTS.get(torch.device(device).type, WORK_ELEMENTS["cuda"])
+
+
+def _blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -> list[tuple[slice, slice]]:
+    """Blocks of query rows, each with the span of keys its rows see, of at most ``work`` (rows x keys) elements.
+
+    Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.contract.visible_ranges`);
+    a block's key span runs from the smallest ``first`` to the largest ``last``
+    of its rows that see a key (empty when none does), so a causal or
+    sliding-window mask skips the keys no row of the block sees, and no
+    (seqlen_q x seqlen_k) tensor is ever formed.
+    """
+    rows_per_block = max(1, work // max(seqlen_k, 1))
+    first, last = first.cpu(), last.cpu()
+    blocks = []
+    for start in range(0, len(first), rows_per_block):
+        rows = slice(start, min(len(first), start + rows_per_block))
+        nonempty = first[rows] <= last[rows]
+        keys = slice(0, 0)
+        if bool(nonempty.any()):
+            keys = slice(int(first[rows][nonempty].min()), int(last[rows][nonempty].max()) + 1)
+        blocks.append((rows, keys))
+    return blocks
+
+
+def _largest_finite(expected: torch.Tensor) -> float:
+    """``max |expected|`` over its finite elements (0 if none), a chunk at a time on its device."""
+    flat = expected.detach().reshape(-1)
+    step = work_elements(flat.device)
+    largest = 0.0
+    for start in range(0, flat.numel(), step):
+        chunk = flat[start : start + step].to(torch.float64).abs()
+        largest = max(largest, float(torch.where(torch.isfinite(chunk), chunk, 0.0).max()))
+    return largest
+
+
 def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
-    """Per-element bounds (float64, CPU) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``, ``dv``.
+    """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``, ``dv``.
 
     ``golden`` is a ``golden.GoldenResult`` for ``case`` (``out``, ``lse``,
     ``delta``, ``dq``, ``dk``, ``dv``, ``certified_bound``).  Equation numbers
@@ -139,109 +183,117 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     def gamma(n):
         return _gamma(n, u_a)
 
-    q, k, v = (t.detach().to("cpu", torch.float64) for t in (case.q, case.k, case.v))
-    batch, seqlen_q, heads_q, head_dim = q.shape
-    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    device = case.q.device
+    batch, seqlen_q, heads_q, head_dim = case.q.shape
+    seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
     group = heads_q // heads_kv
     backward = golden.dq is not None
-    dout = case.dout.detach().to("cpu", torch.float64) if backward else None
 
-    visible = visible_mask(seqlen_q, seqlen_k, causal=spec.causal, window_size=spec.window_size)
-    seen = visible.to(torch.float64)
-    n_row = seen.sum(1)
-    n_col = seen.sum(0)
-    # the golden's tensors are on its device (the case's CUDA device, or the CPU)
-    expected = {
-        name: getattr(golden, name).to("cpu", torch.float64)
-        for name in ("out", "lse", "delta", "dq", "dk", "dv")
-        if getattr(golden, name) is not None
-    }
-    out, lse = expected["out"], expected["lse"]
+    def on_device(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.detach().to(device, torch.float64)
+
+    first, last = visible_ranges(seqlen_q, seqlen_k, causal=spec.causal, window_size=spec.window_size, device=device)
+    n_row = (last - first + 1).clamp(min=0).to(torch.float64)
+    n_col = torch.zeros(seqlen_k, dtype=torch.float64, device=device)
+    out, lse = on_device(golden.out), on_device(golden.lse)
+    if backward:
+        delta = on_device(golden.delta) if golden.delta is not None else None
+        dq_expected = on_device(golden.dq)
 
     bound_out = torch.empty_like(out)
     bound_lse = torch.empty_like(lse)
     if backward:
         bound_dq = torch.empty_like(out)
-        dv_error = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float64)
+        dv_error = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float64, device=device)
         dv_mass = torch.zeros_like(dv_error)
         dk_error = torch.zeros_like(dv_error)
         dk_mass = torch.zeros_like(dv_error)
 
-    rows_per_chunk = max(1, _WORK_ELEMENTS // max(seqlen_k, 1))
+    # the query heads of one kv head share its keys: a block holds all of them
+    blocks = _blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
     for b in range(batch):
-        for h in range(heads_q):
-            g = h // group
-            k_abs, v_abs = k[b, :, g].abs(), v[b, :, g].abs()
-            for start in range(0, seqlen_q, rows_per_chunk):
-                rows = slice(start, min(seqlen_q, start + rows_per_chunk))
-                vis, n = visible[rows], n_row[rows]
+        for g in range(heads_kv):
+            heads = slice(g * group, (g + 1) * group)
+            for rows, keys in blocks:
+                key_index = torch.arange(keys.start, keys.stop, device=device)
+                vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
+                seen = vis.to(torch.float64)
+                if b == 0 and g == 0:
+                    n_col[keys] += seen.sum(0)
+                n = n_row[rows]
                 nonempty = n > 0
-                q_rows = q[b, rows, h]
-                o_abs = out[b, rows, h].abs()
-                lse_rows = torch.where(nonempty, lse[b, h, rows], torch.zeros_like(n))
-                logits = scale * (q_rows @ k[b, :, g].T)
+                k_rows, v_rows = on_device(case.k[b, keys, g]), on_device(case.v[b, keys, g])
+                k_abs, v_abs = k_rows.abs(), v_rows.abs()
+                # (group, rows, head_dim) and (group, rows) from here on
+                q_rows = on_device(case.q[b, rows, heads]).transpose(0, 1)
+                o_abs = out[b, rows, heads].transpose(0, 1).abs()
+                lse_rows = torch.where(nonempty, lse[b, heads, rows], 0.0)
+                logits = scale * (q_rows @ k_rows.T)
                 logits_abs = logits.abs()
                 magnitude = scale * (q_rows.abs() @ k_abs.T)
-                # M_i, with a zero column so that a row of seqlen_k = 0 keys has M_i = 0
-                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(1, keepdim=True)
-                p = torch.where(vis, torch.exp(logits - lse_rows[:, None]), torch.zeros_like(logits))
+                # M_i, with a zero column so that a row of no visible key has M_i = 0
+                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(-1, keepdim=True)
+                p = torch.where(vis, torch.exp(logits - lse_rows[..., None]), 0.0)
                 # (1)
-                delta = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f
-                p_delta = p * delta
-                p_delta_sum = p_delta.sum(1, keepdim=True)
+                delta_logit = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f
+                p_delta = p * delta_logit
+                p_delta_sum = p_delta.sum(-1, keepdim=True)
                 pv = p @ v_abs
-                gamma_row = gamma(2 * n)[:, None]
                 # (2)
                 b_out = (
                     u * (o_abs + pv)
-                    + gamma_row * (pv + o_abs)
+                    + gamma(2 * n)[:, None] * (pv + o_abs)
                     + u_a * o_abs
                     + p_delta @ v_abs
                     + p_delta_sum * o_abs
                     + eta
-                    + (eta + eta_a) * (seen[rows] @ v_abs)
+                    + (eta + eta_a) * (seen @ v_abs)
                     + 3 * n[:, None] * eta_a
                 )
-                bound_out[b, rows, h] = b_out
+                bound_out[b, rows, heads] = b_out.transpose(0, 1)
                 # (3)
                 b_lse = (
-                    p_delta_sum[:, 0]
+                    p_delta_sum[..., 0]
                     + gamma(2 * n)
                     + u_f * (1 + torch.log(n.clamp(min=1)))
-                    + 3 * u_a * (lse_rows.abs() + row_max[:, 0])
+                    + 3 * u_a * (lse_rows.abs() + row_max[..., 0])
                     + u_lse * lse_rows.abs()
                 )
-                bound_lse[b, h, rows] = torch.where(nonempty, b_lse, torch.full_like(b_lse, eta_lse))
+                bound_lse[b, heads, rows] = torch.where(nonempty, b_lse, eta_lse)
                 if not backward:
                     continue
-                dout_rows = dout[b, rows, h]
+                dout_rows = on_device(case.dout[b, rows, heads]).transpose(0, 1)
                 dout_abs = dout_rows.abs()
                 # (4)
-                p_error = delta + b_lse[:, None] + u_a * (logits_abs + lse_rows.abs()[:, None])
-                dp = dout_rows @ v[b, :, g].T
+                p_error = delta_logit + b_lse[..., None] + u_a * (logits_abs + lse_rows.abs()[..., None])
+                dp = dout_rows @ v_rows.T
                 # (5)
-                b_delta = (dout_abs * b_out).sum(1) + gamma(head_dim) * (dout_abs * o_abs).sum(1)
-                d_rows = (dout_rows * out[b, rows, h]).sum(1) if "delta" not in expected else expected["delta"][b, h, rows]
-                centered = (dp - d_rows.to(torch.float64)[:, None]).abs()
+                b_delta = (dout_abs * b_out).sum(-1) + gamma(head_dim) * (dout_abs * o_abs).sum(-1)
+                if delta is None:
+                    d_rows = (dout_rows * out[b, rows, heads].transpose(0, 1)).sum(-1)
+                else:
+                    d_rows = delta[b, heads, rows]
+                centered = (dp - d_rows[..., None]).abs()
                 ds_abs = p * centered
                 # (6)
                 b_ds = (
-                    p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[:, None])
+                    p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[..., None])
                     + (u + 2 * u_a) * ds_abs
-                    + (eta + eta_a * (centered + 2 * head_dim + 2)) * seen[rows]
+                    + (eta + eta_a * (centered + 2 * head_dim + 2)) * seen
                 )
                 # (8)
-                bound_dq[b, rows, h] = (
+                bound_dq[b, rows, heads] = (
                     scale * (b_ds @ k_abs)
                     + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
-                    + u * expected["dq"][b, rows, h].abs()
+                    + u * dq_expected[b, rows, heads].transpose(0, 1).abs()
                     + eta
                     + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
-                )
-                dv_error[b, :, g] += (p * (p_error + u) + (eta + eta_a) * seen[rows]).T @ dout_abs
-                dv_mass[b, :, g] += p.T @ dout_abs
-                dk_error[b, :, g] += b_ds.T @ q_rows.abs()
-                dk_mass[b, :, g] += ds_abs.T @ q_rows.abs()
+                ).transpose(0, 1)
+                q_abs = q_rows.abs()
+                dv_error[b, keys, g] += ((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout_abs).sum(0)
+                dv_mass[b, keys, g] += (p.mT @ dout_abs).sum(0)
+                dk_error[b, keys, g] += (b_ds.mT @ q_abs).sum(0)
+                dk_mass[b, keys, g] += (ds_abs.mT @ q_abs).sum(0)
 
     bounds = {"out": bound_out, "lse": bound_lse}
     if backward:
@@ -255,7 +307,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         bounds["dv"] = (
             dv_error
             + (gamma(n_key + group) + u_group) * dv_mass
-            + u * expected["dv"].abs()
+            + u * on_device(golden.dv).abs()
             + eta_group
             + 3 * (n_key + group) * seen_key * eta_a
         )
@@ -263,7 +315,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         bounds["dk"] = (
             scale * dk_error
             + (gamma(n_key + group + 2) + u_group) * scale * dk_mass
-            + u * expected["dk"].abs()
+            + u * on_device(golden.dk).abs()
             + eta_group
             + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
         )
@@ -271,8 +323,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
         # (11)
-        finite = expected[name][torch.isfinite(expected[name])]
         certified = float(golden.certified_bound.get(name, 0.0))
-        if certified and finite.numel():
-            bound += certified * float(finite.abs().max())
+        if certified:
+            bound += certified * _largest_finite(getattr(golden, name))
     return bounds

@@ -7,7 +7,10 @@ each group, so autograd sums their gradients.  A row that sees no key gives
 ``out = 0``, ``dq = 0`` and ``lse = -inf``, as the kernel contract asks.
 
 It is only used for :func:`verify.metrics.flash_ratio` (docs/error-model.md,
-"Flash-attn ratio"), never for pass/fail decisions.
+"Flash-attn ratio"), never for pass/fail decisions.  It forms the whole
+(batch, heads_q, seqlen_q, seqlen_k) score tensor, so it runs only for cases
+of at most :data:`MAX_SCORES` scores (:func:`fits`); above that, at scale,
+the ratio is not reported.
 """
 
 from __future__ import annotations
@@ -15,7 +18,17 @@ from __future__ import annotations
 import torch
 
 from fa2_verify.core.contract import visible_mask
-from fa2_verify.core.case import Case
+from fa2_verify.core.case import Case, CaseSpec
+
+
+#: Largest ``batch * heads_q * seqlen_q * seqlen_k`` the naive attention is run for:
+#: 32 MiB per 16-bit score tensor, a few of them alive with autograd.
+MAX_SCORES = 1 << 24
+
+
+def fits(spec: CaseSpec) -> bool:
+    """Whether the naive attention of ``spec`` is small enough to run (:data:`MAX_SCORES`)."""
+    return spec.batch * spec.heads_q * spec.seqlen_q * spec.seqlen_k <= MAX_SCORES
 
 
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:

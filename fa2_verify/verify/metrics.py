@@ -23,6 +23,15 @@ Each metric is summarized by a :class:`Distribution`: nearest-rank quantiles
 (exact order statistics, no interpolation, so an infinite maximum stays
 infinite) and a histogram over fixed log10-spaced edges, the same in every
 run, so two runs' histograms can be compared bin by bin.
+
+Every element is compared, on the device the kernel's output lives on, in
+chunks of :data:`CHUNK_ELEMENTS` elements, so an output of billions of
+elements needs no full-size temporary and nothing but small summaries (counts,
+histograms of :data:`RADIX` bins, the worst element) travels to the host.
+The quantiles are exact all the same: :func:`order_statistics` finds each
+rank by radix selection on the float64 bit patterns (for non-negative
+floats, ordering the bit patterns as integers orders the values), one pass
+over the chunks per 16-bit digit (docs/reports-and-gate.md, "Scale").
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -51,6 +60,15 @@ NORMALIZED_EDGES: tuple[float, ...] = (0.0, *(10.0**k for k in range(-4, 4)), IN
 ULP_EDGES: tuple[float, ...] = (0.0, *(10.0**k for k in range(-2, 7)), INF)
 ABS_EDGES: tuple[float, ...] = (0.0, *(10.0**k for k in range(-12, 3)), INF)
 REL_EDGES: tuple[float, ...] = ABS_EDGES
+
+#: Elements of one output whose metrics are evaluated at once: 128 MiB per
+#: float64 temporary, about a dozen of them alive at a time.
+CHUNK_ELEMENTS = 1 << 24
+
+#: Bits of a float64 bit pattern resolved per pass of :func:`order_statistics`,
+#: and the histogram size of one pass.
+DIGIT_BITS = 16
+RADIX = 1 << DIGIT_BITS
 
 #: Axis names of each output, for tensor paths such as ``dq[b=1, i=7, h=3, c=12]``:
 #: b batch, i query position, j key position, h head (a kv head for dk/dv), c channel.
@@ -83,23 +101,17 @@ class Distribution:
 
     @classmethod
     def of(cls, values: torch.Tensor, edges: Sequence[float]) -> "Distribution":
-        """Summarize non-negative ``values`` (``+inf`` allowed, NaN not)."""
+        """Summarize non-negative ``values`` (``+inf`` allowed, NaN not), on their device."""
         flat = values.detach().reshape(-1).to(torch.float64)
-        if torch.isnan(flat).any():
-            raise ValueError("a metric tensor contains NaN; metrics map NaN to +inf before summarizing")
-        count = flat.numel()
-        if count == 0:
-            quantiles = {name: 0.0 for name in QUANTILES}
-            counts = [0] * (len(edges) - 1)
-        else:
-            ordered = torch.sort(flat).values
-            quantiles = {
-                name: float(ordered[min(count - 1, max(0, math.ceil(p * count) - 1))]) for name, p in QUANTILES.items()
-            }
-            inner = torch.tensor(edges[1:-1], dtype=torch.float64)
-            bins = torch.bucketize(flat, inner, right=True)
-            counts = torch.bincount(bins, minlength=len(edges) - 1).tolist()
-        return cls(count=count, quantiles=quantiles, histogram=(list(edges), counts))
+
+        def chunks() -> Iterator[dict[str, torch.Tensor]]:
+            for start in range(0, flat.numel(), CHUNK_ELEMENTS):
+                chunk = flat[start : start + CHUNK_ELEMENTS]
+                if torch.isnan(chunk).any():
+                    raise ValueError("a metric tensor contains NaN; metrics map NaN to +inf before summarizing")
+                yield {"values": chunk.abs()}
+
+        return summarize(chunks, {"values": edges}, flat.numel())["values"]
 
     def to_dict(self) -> dict[str, Any]:
         edges, counts = self.histogram
@@ -187,6 +199,87 @@ class OutputComparison:
 _WORST_FLOATS = ("actual", "expected", "abs_err", "bound", "normalized", "ulp")
 
 
+def _rank(probability: float, count: int) -> int:
+    """The 0-based nearest rank of ``probability`` among ``count`` sorted values: ``ceil(p n) - 1``."""
+    return min(count - 1, max(0, math.ceil(probability * count) - 1))
+
+
+def order_statistics(
+    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], ranks: Sequence[int]
+) -> dict[str, list[float]]:
+    """For each metric of ``chunks()``, its values at the 0-based ``ranks`` in sorted order.
+
+    ``chunks()`` yields dicts of float64 tensors (same keys every time, every
+    value non-negative, ``+inf`` allowed) and is called once per pass.  Radix
+    selection: a non-negative float64 orders like its bit pattern read as an
+    int64, so each pass histograms the next :data:`DIGIT_BITS` bits of the
+    elements whose higher bits match a rank's prefix found so far, and four
+    passes fix all 64 bits.  Exact, on the chunks' device, with only the
+    histograms (``RADIX`` counts per distinct prefix) moved to the host.
+    """
+    prefixes: dict[str, list[int]] = {}
+    remaining: dict[str, list[int]] = {}
+    for level in range(64 // DIGIT_BITS):
+        shift = 64 - DIGIT_BITS * (level + 1)
+        histograms: dict[str, torch.Tensor] = {}
+        candidates: dict[str, list[int]] = {}
+        for chunk in chunks():
+            for name, values in chunk.items():
+                prefixes.setdefault(name, [0] * len(ranks))
+                remaining.setdefault(name, list(ranks))
+                candidates.setdefault(name, sorted(set(prefixes[name])))
+                bits = values.view(torch.int64)
+                digit = (bits >> shift) & (RADIX - 1)
+                if level == 0:
+                    index = digit
+                else:
+                    known = torch.tensor(candidates[name], dtype=torch.int64, device=bits.device)
+                    high = bits >> (shift + DIGIT_BITS)
+                    slot = torch.searchsorted(known, high).clamp(max=len(known) - 1)
+                    index = (slot * RADIX + digit)[known[slot] == high]
+                counts = torch.bincount(index, minlength=len(candidates[name]) * RADIX)
+                histograms[name] = counts if name not in histograms else histograms[name] + counts
+        for name, counts in histograms.items():
+            table = counts.reshape(len(candidates[name]), RADIX).cumsum(1).cpu()
+            for position, prefix in enumerate(prefixes[name]):
+                cumulative = table[candidates[name].index(prefix)]
+                digit = int(torch.searchsorted(cumulative, torch.tensor(remaining[name][position]), right=True))
+                if digit:
+                    remaining[name][position] -= int(cumulative[digit - 1])
+                prefixes[name][position] = (prefix << DIGIT_BITS) | digit
+    return {
+        name: torch.tensor(bits, dtype=torch.int64).view(torch.float64).tolist() for name, bits in prefixes.items()
+    }
+
+
+def summarize(
+    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], edges: dict[str, Sequence[float]], count: int
+) -> dict[str, Distribution]:
+    """A :class:`Distribution` per metric of ``chunks()`` (see :func:`order_statistics`), ``count`` values each."""
+    if count == 0:
+        return {
+            name: Distribution(count=0, quantiles={q: 0.0 for q in QUANTILES}, histogram=(list(e), [0] * (len(e) - 1)))
+            for name, e in edges.items()
+        }
+    histograms: dict[str, torch.Tensor] = {}
+    for chunk in chunks():
+        for name, values in chunk.items():
+            inner = torch.tensor(edges[name][1:-1], dtype=torch.float64, device=values.device)
+            counts = torch.bincount(torch.bucketize(values, inner, right=True), minlength=len(edges[name]) - 1)
+            histograms[name] = counts if name not in histograms else histograms[name] + counts
+    ranks = [_rank(p, count) for p in QUANTILES.values()]
+    selected = order_statistics(chunks, ranks)
+    return {
+        name: Distribution(
+            count=count,
+            quantiles=dict(zip(QUANTILES, selected[name])),
+            histogram=(list(edges[name]), histograms[name].tolist()),
+        )
+        for name in edges
+    }
+
+
+
 def ulp(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Float64 gap between consecutive ``dtype`` numbers at ``expected`` rounded to ``dtype``.
 
@@ -234,6 +327,22 @@ def tensor_path(output: str, index: Sequence[int]) -> str:
     return f"{output}[{', '.join(f'{axis}={position}' for axis, position in zip(axes, index))}]"
 
 
+def _spans(numel: int) -> range:
+    return range(0, numel, CHUNK_ELEMENTS)
+
+
+def _max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """``max |actual - expected|`` under the non-finite rules, chunk by chunk on ``actual``'s device."""
+    flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
+    largest = 0.0
+    for start in _spans(flat_expected.numel()):
+        span = slice(start, start + CHUNK_ELEMENTS)
+        chunk_expected = flat_expected[span].to(flat_actual.device, torch.float64)
+        abs_err = _errors(flat_actual[span].to(torch.float64), chunk_expected)[0]
+        largest = max(largest, float(abs_err.max()))
+    return largest
+
+
 def flash_ratio(actual: torch.Tensor, expected: torch.Tensor, lowprec: torch.Tensor) -> float:
     """``max|actual - expected| / max|lowprec - expected|`` (docs/error-model.md, "Flash-attn ratio").
 
@@ -241,11 +350,49 @@ def flash_ratio(actual: torch.Tensor, expected: torch.Tensor, lowprec: torch.Ten
     (:mod:`verify.lowprec`).  Reported beside the normalized error, never
     gating.  ``0/0 = 0`` and ``x/0 = inf``.
     """
-    numerator = float(_errors(actual.to(torch.float64), expected)[0].max()) if expected.numel() else 0.0
-    denominator = float(_errors(lowprec.to(torch.float64), expected)[0].max()) if expected.numel() else 0.0
+    numerator = _max_abs_error(actual, expected)
+    denominator = _max_abs_error(lowprec.to(actual.device), expected)
     if denominator == 0.0:
         return 0.0 if numerator == 0.0 else INF
     return numerator / denominator
+
+
+#: The metric distributions of an :class:`OutputComparison` and their histogram edges.
+METRIC_EDGES: dict[str, tuple[float, ...]] = {
+    "normalized": NORMALIZED_EDGES,
+    "ulp": ULP_EDGES,
+    "abs_err": ABS_EDGES,
+    "rel_err": REL_EDGES,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    """The metrics of one chunk of an output's elements (float64, on the output's device)."""
+
+    actual: torch.Tensor
+    abs_err: torch.Tensor
+    finite_expected: torch.Tensor
+    bad: torch.Tensor
+    metrics: dict[str, torch.Tensor]
+
+
+def _chunk(output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype) -> _Chunk:
+    """Errors of one chunk; a NaN golden or a bound that is not positive and finite where it must be is raised."""
+    if torch.isnan(expected).any():
+        raise GoldenError(f"the golden {output} contains NaN: the golden itself failed for this case")
+    actual64 = actual.to(torch.float64)
+    abs_err, finite_expected, bad = _errors(actual64, expected)
+    used = torch.where(finite_expected, bound, torch.ones_like(bound))
+    if not bool(((used > 0) & torch.isfinite(used)).all()):
+        raise ValueError(f"{output}: the error bound must be positive and finite wherever the golden is finite")
+    metrics = {
+        "normalized": _scaled(abs_err, bound, finite_expected, bad),
+        "ulp": _scaled(abs_err, ulp(expected, dtype), finite_expected, bad),
+        "abs_err": abs_err,
+        "rel_err": _scaled(abs_err, expected.abs(), finite_expected, bad),
+    }
+    return _Chunk(actual64, abs_err, finite_expected, bad, metrics)
 
 
 def compare(
@@ -263,7 +410,9 @@ def compare(
     (positive and finite wherever the golden is finite, else a ``ValueError``:
     a bug in fa2-verify, not in the kernel); an element mismatches when
     ``|actual - expected| / bound > threshold`` or when it breaks the
-    non-finite rules of the module docstring.
+    non-finite rules of the module docstring.  Every element is compared on
+    ``actual``'s device, :data:`CHUNK_ELEMENTS` at a time; ``expected`` and
+    ``bound`` are moved there if they live elsewhere.
     """
     if actual.shape != expected.shape or bound.shape != expected.shape:
         raise ValueError(
@@ -271,47 +420,60 @@ def compare(
             f"bound {tuple(bound.shape)}"
         )
     dtype = actual.dtype
-    expected = expected.detach().to("cpu", torch.float64)
-    if torch.isnan(expected).any():
-        raise GoldenError(f"the golden {output} contains NaN: the golden itself failed for this case")
-    actual64 = actual.detach().to("cpu", torch.float64)
-    bound = bound.detach().to("cpu", torch.float64)
-    abs_err, finite_expected, bad = _errors(actual64, expected)
-    used = bound[finite_expected]
-    if not bool(((used > 0) & torch.isfinite(used)).all()):
-        raise ValueError(f"{output}: the error bound must be positive and finite wherever the golden is finite")
-    normalized = _scaled(abs_err, bound, finite_expected, bad)
-    ulps = _scaled(abs_err, ulp(expected, dtype), finite_expected, bad)
-    rel_err = _scaled(abs_err, expected.abs(), finite_expected, bad)
-    mismatch = (normalized > threshold) | bad
+    device = actual.device
+    flat_actual = actual.detach().reshape(-1)
+    flat_expected = expected.detach().to(device, torch.float64).reshape(-1)
+    flat_bound = bound.detach().to(device, torch.float64).reshape(-1)
+    numel = flat_expected.numel()
+
+    def chunks() -> Iterator[tuple[int, _Chunk]]:
+        for start in _spans(numel):
+            span = slice(start, start + CHUNK_ELEMENTS)
+            yield start, _chunk(output, flat_actual[span], flat_expected[span], flat_bound[span], dtype)
+
+    mismatches = nonfinite = 0
+    worst_at, worst_value = 0, -1.0
+    for start, chunk in chunks():
+        normalized = chunk.metrics["normalized"]
+        mismatches += int(((normalized > threshold) | chunk.bad).sum())
+        nonfinite += int((chunk.finite_expected & ~torch.isfinite(chunk.actual)).sum())
+        position = int(torch.argmax(normalized))
+        if float(normalized[position]) > worst_value:
+            worst_at, worst_value = start + position, float(normalized[position])
+    distributions = summarize(lambda: (chunk.metrics for _, chunk in chunks()), METRIC_EDGES, numel)
     worst = None
-    if expected.numel():
-        flat = int(torch.argmax(normalized))
-        index = [int(i) for i in torch.unravel_index(torch.tensor(flat), expected.shape)]
+    if numel:
+        element = _chunk(
+            output,
+            flat_actual[worst_at : worst_at + 1],
+            flat_expected[worst_at : worst_at + 1],
+            flat_bound[worst_at : worst_at + 1],
+            dtype,
+        )
+        index = [int(i) for i in torch.unravel_index(torch.tensor(worst_at), expected.shape)]
         worst = {
             "index": index,
             "path": tensor_path(output, index),
-            "actual": float(actual64.reshape(-1)[flat]),
-            "expected": float(expected.reshape(-1)[flat]),
-            "abs_err": float(abs_err.reshape(-1)[flat]),
-            "bound": float(bound.reshape(-1)[flat]),
-            "normalized": float(normalized.reshape(-1)[flat]),
-            "ulp": float(ulps.reshape(-1)[flat]),
+            "actual": float(element.actual[0]),
+            "expected": float(flat_expected[worst_at]),
+            "abs_err": float(element.abs_err[0]),
+            "bound": float(flat_bound[worst_at]),
+            "normalized": float(element.metrics["normalized"][0]),
+            "ulp": float(element.metrics["ulp"][0]),
         }
-    mismatches = int(mismatch.sum())
     return OutputComparison(
         output=output,
         dtype=dtype_name(dtype),
-        numel=expected.numel(),
+        numel=numel,
         threshold=threshold,
-        normalized=Distribution.of(normalized, NORMALIZED_EDGES),
-        ulp=Distribution.of(ulps, ULP_EDGES),
-        abs_err=Distribution.of(abs_err, ABS_EDGES),
-        rel_err=Distribution.of(rel_err, REL_EDGES),
-        nonfinite=int((finite_expected & ~torch.isfinite(actual64)).sum()),
+        normalized=distributions["normalized"],
+        ulp=distributions["ulp"],
+        abs_err=distributions["abs_err"],
+        rel_err=distributions["rel_err"],
+        nonfinite=nonfinite,
         mismatches=mismatches,
         worst=worst,
-        flash_ratio=None if lowprec is None else flash_ratio(actual64, expected, lowprec.detach().cpu()),
+        flash_ratio=None if lowprec is None else flash_ratio(flat_actual, flat_expected, lowprec.detach()),
         passed=mismatches == 0,
     )
 

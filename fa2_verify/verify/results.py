@@ -31,6 +31,10 @@ class CaseResult:
 
     ``golden`` records how the golden was computed: its ``method`` and its
     ``certified_bound`` per output (see ``golden.GoldenResult``).
+    ``seconds`` is the wall time of each phase that ran (``kernel``,
+    ``golden``, ``comparison``; :func:`verify.check.check_case`), printed by
+    ``fa2-verify run`` and kept out of the reports, whose content depends on
+    the case and the kernel only.
     """
 
     spec: CaseSpec
@@ -40,6 +44,7 @@ class CaseResult:
     comparisons: dict[str, OutputComparison] = dataclasses.field(default_factory=dict)
     reason: str | None = None
     golden: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -1,11 +1,14 @@
-"""``fa2-verify run``: the fixed case set against one kernel, one table, one verdict.
+"""``fa2-verify run``: a case set against one kernel, one table, one verdict.
 
-Runs :data:`verify.fixed_cases.FIXED_CASES` (forward and backward) through
-the kernel on ``--device``, compares every output with the golden
-(:func:`verify.check.check_case`), prints one table (case, output, dtype,
-p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
-description for each failing output, and writes ``DIR/tolerance.json``
-(:mod:`verify.report_json`) when ``--report DIR`` is given.  Exit status: 0
+Runs ``--cases fixed`` (the default, :data:`verify.fixed_cases.FIXED_CASES`)
+or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
+type: production lengths on a GPU, the same set scaled down on a CPU), forward
+and backward, through the kernel on ``--device``, compares every output with
+the golden (:func:`verify.check.check_case`), prints one table (case, output,
+dtype, p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a
+failure description for each failing output, the seconds each case spent in
+the kernel, the golden and the comparison, the case set it ran, and writes
+``DIR/tolerance.json`` (:mod:`verify.report_json`) when ``--report DIR`` is given.  Exit status: 0
 when every supported case passed, 1 when a case failed or the kernel raised,
 2 (one line on stderr) for bad arguments, an unknown kernel, a missing
 device, an existing report without ``--overwrite``, or when no case of the
@@ -22,13 +25,18 @@ from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, ReportError, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
 from fa2_verify.verify.report_json import build_tolerance_report, collect_environment, write_tolerance_report
 from fa2_verify.verify.report_markdown import render_tolerance
 from fa2_verify.verify.results import CaseResult, RunResult
+from fa2_verify.core.case import CaseSpec
 
 REPORT_NAME = "tolerance.json"
+
+#: The case sets ``--cases`` chooses from.
+CASE_SETS = ("fixed", "scale")
 
 _COLUMNS = (
     ("case", "<30"), ("output", "<6"), ("dtype", "<8"), ("p50", ">9"), ("p99", ">9"), ("max", ">9"),
@@ -37,13 +45,43 @@ _COLUMNS = (
 
 
 def add_parser(subparsers) -> None:
-    parser = subparsers.add_parser("run", help="verify a kernel on the fixed case set against the golden")
+    parser = subparsers.add_parser("run", help="verify a kernel on a case set (fixed or scale) against the golden")
     add_target_arguments(parser)
+    parser.add_argument(
+        "--cases", choices=CASE_SETS, default="fixed",
+        help="fixed: small shapes, every feature (default); scale: production lengths on cuda, scaled down on cpu",
+    )
     parser.add_argument("--report", type=pathlib.Path, metavar="DIR", help=f"write DIR/{REPORT_NAME}")
     parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE",
                         help="write a Markdown summary, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)")
     parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME} or --markdown")
     parser.set_defaults(handler=handle)
+
+
+_TIMING_COLUMNS = (("case", "<34"), ("kernel s", ">9"), ("golden s", ">9"), ("compare s", ">9"), ("total s", ">9"))
+
+
+def case_set(name: str, device: str) -> tuple[CaseSpec, ...]:
+    """The specs of ``--cases name`` on ``device``: the fixed set, or the scale set of its device type."""
+    if name == "fixed":
+        return FIXED_CASES
+    return SCALE_CASES[torch.device(device).type]
+
+
+def format_timing(cases: list[CaseResult]) -> str:
+    """Wall seconds per case spent in the kernel, the golden and the comparison (:attr:`CaseResult.seconds`)."""
+    rows = [tuple(name for name, _ in _TIMING_COLUMNS)]
+    for case in cases:
+        phases = [case.seconds.get(phase) for phase in ("kernel", "golden", "comparison")]
+        total = sum(value for value in phases if value is not None) if case.seconds else None
+        rows.append((case.spec.name or case.spec.feature(), *(_seconds(value) for value in (*phases, total))))
+    return "\n".join(
+        " ".join(f"{cell:{align}}" for cell, (_, align) in zip(row, _TIMING_COLUMNS)).rstrip() for row in rows
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def add_target_arguments(parser) -> None:
@@ -125,12 +163,16 @@ def handle(args) -> int:
         raise ReportError(f"{report} exists: pass --overwrite to replace it, or choose another --report directory")
     if args.markdown is not None and args.markdown.exists() and not args.overwrite:
         raise ReportError(f"{args.markdown} exists: pass --overwrite to replace it, or choose another --markdown file")
-    run = run_cases(kernel, FIXED_CASES, args.device)
+    specs = case_set(args.cases, args.device)
+    run = run_cases(kernel, specs, args.device)
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
         print()
         print(description)
     print()
+    print(format_timing(run.cases))
+    print()
+    print(f"case set: {args.cases} ({torch.device(args.device).type}, {len(specs)} cases)")
     print(summary(run))
     environment = collect_environment(kernel, args.device)
     if report is not None:
@@ -143,7 +185,7 @@ def handle(args) -> int:
         return 1
     if counts["passed"] == 0:
         raise UsageError(
-            f"--kernel={args.kernel} supports none of the {len(run.cases)} fixed cases on --device={args.device}: "
+            f"--kernel={args.kernel} supports none of the {len(run.cases)} {args.cases} cases on --device={args.device}: "
             "nothing was verified"
         )
     return 0

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The scale demonstration on one GPU, from the source tree (no install step):
+# `fa2-verify run --cases scale` for triton, torch-flash and each scale mutant
+# of tests/mutants.py (SCALE_MUTANTS), then the `scale` property profile
+# against triton for $FA2_SCALE_PROFILE_SECONDS seconds (default 600).
+# Each run writes into $1 (default gpu-out/scale): run-NAME.log (the verdict
+# table, the failure descriptions naming each failing output, and the seconds
+# per case in the kernel, the golden and the comparison), run-NAME/tolerance.json,
+# and properties-scale.log (-v, Hypothesis statistics, examples per second and
+# the worst cases of the plugin's summary).  At the end it prints one table:
+# target, exit status, cases passed/failed, and total kernel, golden and
+# comparison seconds; then the failing outputs of each mutant.
+# FA2_SCALE_TARGETS overrides the run targets (space-separated).
+# Exit status: 0 when triton and torch-flash pass, every mutant fails (exit 1)
+# and the profile run ends without a failure.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
+out="${1:-gpu-out/scale}"
+mkdir -p "$out" "$TRITON_CACHE_DIR"
+mutants="$(python3 -c 'from tests.mutants import SCALE_MUTANTS; print(" ".join(f"tests.mutants:{n}" for n in SCALE_MUTANTS))')"
+read -ra targets <<<"${FA2_SCALE_TARGETS:-triton torch-flash $mutants}"
+
+declare -A status
+for target in "${targets[@]}"; do
+    name="${target##*:}"
+    python3 -m fa2_verify run --kernel "$target" --device cuda --cases scale \
+        --report "$out/run-$name" --overwrite >"$out/run-$name.log" 2>&1
+    status[$target]=$?
+    echo "== run --cases scale --kernel $target: exit ${status[$target]}"
+done
+
+printf '\n%-36s %5s %8s %8s %10s %10s %10s\n' target exit passed failed "kernel s" "golden s" "compare s"
+for target in "${targets[@]}"; do
+    name="${target##*:}"
+    python3 - "$out/run-$name.log" "$target" "${status[$target]}" <<'EOF'
+import re, sys
+log, target, code = sys.argv[1], sys.argv[2], sys.argv[3]
+text = open(log).read()
+counts = re.search(r": (\d+) passed, (\d+) failed", text)
+passed, failed = counts.groups() if counts else ("-", "-")
+totals = [0.0, 0.0, 0.0]
+timing = text[text.index("kernel s"):].splitlines()[1:] if "kernel s" in text else []
+for line in timing:
+    cells = line.split()
+    if len(cells) != 5:
+        break
+    for column, cell in enumerate(cells[1:4]):
+        totals[column] += float(cell) if cell != "-" else 0.0
+print(f"{target:<36} {code:>5} {passed:>8} {failed:>8} {totals[0]:>10.1f} {totals[1]:>10.1f} {totals[2]:>10.1f}")
+EOF
+done
+for target in "${targets[@]}"; do
+    case "$target" in tests.mutants:*)
+        echo "---- $target"
+        grep -E 'failing outputs|mismatches the golden' "$out/run-${target##*:}.log" | head -n 12 ;;
+    esac
+done
+
+plugin=(-p fa2_verify.properties.plugin)
+if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
+    plugin=()
+fi
+started=$(date +%s)
+timeout -s INT -k 30 "${FA2_SCALE_PROFILE_SECONDS:-600}" python3 -m pytest --pyargs fa2_verify.properties "${plugin[@]}" \
+    -v -rfE --hypothesis-show-statistics -p no:cacheprovider \
+    --fa2-kernel triton --fa2-device cuda --fa2-profile scale \
+    --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1
+profile_status=$?
+echo "== scale profile against triton: exit $profile_status after $(($(date +%s) - started)) s"
+grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
+
+ok=0
+for target in "${targets[@]}"; do
+    case "$target" in
+    tests.mutants:*) ((status[$target] == 1)) || ok=1 ;;
+    *) ((status[$target] == 0)) || ok=1 ;;
+    esac
+done
+# the profile is stopped by the timeout (SIGINT: pytest exits 2 after reporting); only a failure counts
+grep -qE '^FAILED' "$out/properties-scale.log" && ok=1
+exit "$ok"
