@@ -18,6 +18,7 @@ deviation that only appears past a size limit (:class:`ScaleMutant`).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import torch
@@ -183,6 +184,35 @@ class EmptyRowNan(Mutant):
         return m
 
 
+class OutRewrittenByBackward(Mutant):
+    """Forward results repaired in place: forward returns ``1.5 * out``, and
+    backward writes the correct O into the ``out`` it is handed before using it
+    (a backward that recomputes O into the caller's buffer), so a check that
+    reads the forward's out after backward sees the right values."""
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        out, lse = super().forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        return 1.5 * out, lse
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        masking = {"softmax_scale": softmax_scale, "causal": causal, "window_size": window_size}
+        out.copy_(super().forward(q, k, v, **masking)[0])
+        return super().backward(dout, q, k, v, out, lse, deterministic=deterministic, **masking)
+
+
+class BackwardExits(Mutant):
+    """Exits the process: backward computes the gradients, then calls
+    ``sys.exit(0)`` (a launch wrapper that treats a failed check as fatal and
+    exits with status 0), so a harness that lets ``SystemExit`` through ends
+    with status 0 and nothing reported."""
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        super().backward(
+            dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, window_size=window_size, deterministic=deterministic
+        )
+        sys.exit(0)
+
+
 LSE_BASE2 = LseBase2()
 CAUSAL_SHIFT = CausalShift()
 TOP_LEFT_CAUSAL = TopLeftCausal()
@@ -198,6 +228,8 @@ DQ_MISSING_SCALE = DqMissingScale()
 DK_DV_GQA_NOT_SUMMED = DkDvGqaNotSummed()
 DQ_LOST_UPDATE = DqLostUpdate()
 EMPTY_ROW_NAN = EmptyRowNan()
+OUT_REWRITTEN_BY_BACKWARD = OutRewrittenByBackward()
+BACKWARD_EXITS = BackwardExits()
 
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
 MUTANTS: dict[str, Mutant] = {

@@ -191,10 +191,10 @@ def test_run_result_is_strict_json_and_its_cases_round_trip(reference):
 
 def test_write_text_atomic_never_overwrites_unless_asked(tmp_path):
     target = tmp_path / "sub" / "report.json"
-    write_text_atomic(target, "first", overwrite=False)
+    write_text_atomic(target, "first", overwrite=False, flag="--out")
     with pytest.raises(ReportError, match="exists: pass --overwrite"):
-        write_text_atomic(target, "second", overwrite=False)
+        write_text_atomic(target, "second", overwrite=False, flag="--out")
     assert target.read_text() == "first"
-    write_text_atomic(target, "third", overwrite=True)
+    write_text_atomic(target, "third", overwrite=True, flag="--out")
     assert target.read_text() == "third"
     assert sorted(p.name for p in target.parent.iterdir()) == ["report.json"]

@@ -1,7 +1,8 @@
 """The mutant catalog (tests/mutants.py) is what it claims: each mutant loads
 through the registry, documents its bug, and on a small deterministic case
-that triggers its bug differs from the reference by a lot or returns NaN.
-Whether the verification catches them is the property suite's business."""
+that triggers its bug differs from the reference by a lot or returns NaN
+(or, for a mutant that exits, exits).  Whether the verification catches them
+is the property suite's business."""
 
 from __future__ import annotations
 
@@ -35,11 +36,16 @@ TRIGGERS = {
     "DK_DV_GQA_NOT_SUMMED": ((1, 20, 20, 4, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "DQ_LOST_UPDATE": ((1, 20, 64, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "EMPTY_ROW_NAN": ((1, 6, 3, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "causal": True}),
+    "OUT_REWRITTEN_BY_BACKWARD": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
+    "BACKWARD_EXITS": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
 }
+
+#: Mutants whose bug is to raise SystemExit on their trigger case, not to compute wrong numbers.
+EXITING = {"BACKWARD_EXITS"}
 
 
 def test_catalog_is_complete() -> None:
-    assert len(mutants.MUTANTS) >= 14
+    assert len(mutants.MUTANTS) >= 17
     assert set(mutants.MUTANTS) == set(TRIGGERS)
 
 
@@ -53,14 +59,22 @@ def test_mutant_loads_and_documents_its_bug(name: str) -> None:
 
 
 def _run(kernel, shape, dtype, args):
+    """Every output; out and lse as forward returned them (backward gets copies)."""
     q, k, v, dout = make_inputs(shape, dtype, seed=1)
     with poisoned("cpu"):
         out, lse = kernel.forward(q, k, v, **args)
-        dq, dk, dv = kernel.backward(dout, q, k, v, out, lse, **args)
+        dq, dk, dv = kernel.backward(dout, q, k, v, out.clone(), lse.clone(), **args)
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
-@pytest.mark.parametrize("name", sorted(TRIGGERS))
+@pytest.mark.parametrize("name", sorted(EXITING))
+def test_exiting_mutant_exits(name: str) -> None:
+    shape, dtype, args = TRIGGERS[name]
+    with pytest.raises(SystemExit):
+        _run(mutants.MUTANTS[name], shape, dtype, args)
+
+
+@pytest.mark.parametrize("name", sorted(set(TRIGGERS) - EXITING))
 def test_mutant_deviates_from_reference(name: str) -> None:
     """On its trigger case, some output of the mutant is NaN or off by more than DEVIATION."""
     shape, dtype, args = TRIGGERS[name]

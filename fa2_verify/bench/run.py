@@ -125,7 +125,7 @@ def _check_table(results: list[dict]) -> str:
 
 def _write(out_dir: str | None, name: str, text: str) -> None:
     if out_dir is not None:
-        write_text_atomic(pathlib.Path(out_dir) / name, text, overwrite=True)
+        write_text_atomic(pathlib.Path(out_dir) / name, text, overwrite=True, flag="--out")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

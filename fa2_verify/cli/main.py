@@ -4,6 +4,9 @@ Each subcommand lives in its own module under :mod:`cli.commands` and
 exposes ``add_parser(subparsers)`` (registering itself with
 ``set_defaults(handler=...)``).  A :class:`~core.errors.Fa2VerifyError` is
 printed as one line and exits 2; a kernel that fails verification exits 1.
+A Ctrl-C stops the run with one line and status 130 (128 + SIGINT, the
+shell's convention); a ``KeyboardInterrupt`` or ``SystemExit`` raised by the
+kernel itself never gets here (:mod:`verify.user_code`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ import importlib
 import sys
 
 from fa2_verify.core.errors import Fa2VerifyError
+
+#: Exit status after a Ctrl-C: 128 + SIGINT.
+INTERRUPTED = 130
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -46,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     except Fa2VerifyError as exc:
         print(f"fa2-verify: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("fa2-verify: interrupted: nothing was verified to completion", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

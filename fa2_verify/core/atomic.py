@@ -1,7 +1,9 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of one.
 
-The bytes go to a temporary file in the target's directory, are flushed to
-disk, and the file then takes the target's name in one step: ``os.replace``
+The bytes go to a temporary file in the target's directory, created with
+mode ``0o666`` less the process umask (as ``open`` creates any file, so
+``0644`` under the usual ``0022``), are flushed to disk, and the file then
+takes the target's name in one step: ``os.replace``
 when overwriting is allowed, else ``os.link``, which fails with
 :class:`FileExistsError` if the name exists, so an existing file is never
 clobbered, not even by a concurrent writer.  Reports (:mod:`verify.atomic`)
@@ -13,18 +15,21 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import tempfile
+import secrets
+
+#: Mode of a new file before the umask applies, as for ``open(path, "w")``.
+FILE_MODE = 0o666
 
 
 def write_bytes_atomic(target: pathlib.Path, data: bytes, *, overwrite: bool) -> pathlib.Path:
-    """Write ``data`` to ``target`` atomically, readable by all (mode 0644); ``OSError`` on failure."""
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    """Write ``data`` to ``target`` atomically, with the umask's mode; ``OSError`` on failure."""
+    temporary = target.parent / f".{target.name}.{secrets.token_hex(8)}.tmp"
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(temporary, 0o644)
         if overwrite:
             os.replace(temporary, target)
         else:

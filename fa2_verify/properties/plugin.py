@@ -140,7 +140,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def _validate_target(
     kernel_name: str, device: str, dtypes: tuple[str, ...] | None, workerinput: dict[str, Any] | None, *, pin: bool
 ) -> str:
-    """Load the kernel and check the device now, so a typo fails before any test; return the worker's device.
+    """Load the kernel, call its hooks and check the device now, so a typo or a hook that raises fails before
+    any test (a usage error naming the flag, never an INTERNALERROR); return the worker's device.
 
     ``pin``: make the device current in this process (a process that runs tests).
     """
@@ -159,10 +160,12 @@ def _validate_target(
         raise _usage("--fa2-device", device, str(exc).removeprefix(f"--device={device}: ")) from None
     try:
         kernel = load_kernel(kernel_name)
+        kernel.unavailable_reason(device)
+        kernel.config()
+        supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())
     except Fa2VerifyError as exc:
         raise _usage("--fa2-kernel", kernel_name, str(exc)) from None
     if dtypes is not None:
-        supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())
         unknown = [name for name in dtypes if name not in supported]
         if unknown or not dtypes:
             raise _usage(

@@ -3,9 +3,10 @@
 Those properties compare a kernel's outputs with its own outputs on related
 inputs, so they need the tensors themselves (:func:`verify.check.check_case`
 returns only comparisons).  Calls go through :mod:`verify.kernel_call`:
-poisoned outputs, and a :class:`~verify.kernel_call.KernelFailure` for an exception or an output
-that breaks the contract, which the property reports as a failure of the
-kernel.  A kernel that raises :class:`~core.errors.UnsupportedCase` declines
+poisoned outputs, inputs (``out`` and ``lse`` included) checked unchanged
+after each call, and a :class:`~verify.kernel_call.KernelFailure` for anything
+the kernel raises, a modified input or an output that breaks the contract,
+which the property reports as a failure of the kernel.  A kernel that raises :class:`~core.errors.UnsupportedCase` declines
 the case; that propagates.
 """
 
@@ -38,5 +39,5 @@ class Outputs:
 
 
 def run(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> Outputs:
-    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward with the kernel's own out and lse."""
+    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse."""
     return Outputs(**run_case(kernel, case, backward=backward))

@@ -1,6 +1,9 @@
 """Atomic report writes (:func:`core.atomic.write_bytes_atomic`), with report errors a user can act on.
 
-An existing report is never clobbered unless overwriting was asked for.
+:func:`check_writable` is called on every output path before any work
+starts, so a run never ends in a report it cannot write.
+:func:`write_text_atomic` checks again and writes; an existing report is never
+clobbered unless overwriting was asked for.
 """
 
 from __future__ import annotations
@@ -12,19 +15,50 @@ from fa2_verify.core.atomic import write_bytes_atomic
 from fa2_verify.core.errors import ReportError
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool) -> pathlib.Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically and return the path.
+def _existing_ancestor(path: pathlib.Path) -> pathlib.Path:
+    """The nearest of ``path``'s parents that exists (``mkdir`` would create the rest)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent
 
-    Raises :class:`~core.errors.ReportError` if ``path`` exists and
-    ``overwrite`` is False, or if its directory cannot be created or written.
+
+def _exists_message(target: pathlib.Path, flag: str) -> str:
+    return f"{flag}={target} exists: pass --overwrite to replace it, or choose another path"
+
+
+def check_writable(path: str | os.PathLike[str], *, overwrite: bool, flag: str) -> pathlib.Path:
+    """``path`` as a :class:`pathlib.Path` if a report can be written there; else a one-line :class:`ReportError`.
+
+    ``flag`` is the option that named the path (``--report``, ``--out``...),
+    for the message.  The path must not be a directory, must not exist unless
+    ``overwrite``, and its nearest existing parent must be a directory this
+    process can write into.
     """
     target = pathlib.Path(path)
+    if target.is_dir():
+        raise ReportError(f"{flag}={target} is a directory: name a file")
+    if target.exists() and not overwrite:
+        raise ReportError(_exists_message(target, flag))
+    ancestor = _existing_ancestor(target)
+    if not ancestor.is_dir():
+        raise ReportError(f"{flag}={target} cannot be written: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ReportError(f"{flag}={target} cannot be written: no write permission in {ancestor}")
+    return target
+
+
+def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool, flag: str) -> pathlib.Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically and return the path.
+
+    Raises :class:`~core.errors.ReportError` when :func:`check_writable`
+    refuses the path, or when the write itself fails.
+    """
+    target = check_writable(path, overwrite=overwrite, flag=flag)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         return write_bytes_atomic(target, text.encode("utf-8"), overwrite=overwrite)
     except FileExistsError:
-        raise ReportError(
-            f"{target} exists: pass --overwrite to replace it, or choose another --report directory"
-        ) from None
+        raise ReportError(_exists_message(target, flag)) from None
     except OSError as exc:
-        raise ReportError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        raise ReportError(f"{flag}={target} cannot be written: {exc.strerror or exc}") from exc

@@ -200,6 +200,8 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
     """Read a baseline file; a missing, unreadable or corrupt one is a :class:`BaselineError`."""
     path = pathlib.Path(path)
     fix = f"record one with `fa2-verify baseline --kernel NAME --out {path}`"
+    if path.is_dir():
+        raise BaselineError(f"--baseline={path} is a directory: pass the baseline JSON file")
     if not path.is_file():
         raise BaselineError(f"--baseline={path} does not exist: {fix}")
     try:
@@ -243,8 +245,8 @@ def dumps(baseline: Baseline) -> str:
 
 
 def write_baseline(baseline: Baseline, path: str | pathlib.Path, *, overwrite: bool) -> pathlib.Path:
-    """Write ``baseline`` atomically (:func:`dumps`); an existing file is kept unless ``overwrite``."""
-    return write_text_atomic(path, dumps(baseline), overwrite=overwrite)
+    """Write ``baseline`` atomically (:func:`dumps`) to the ``--out`` path; an existing file is kept unless ``overwrite``."""
+    return write_text_atomic(path, dumps(baseline), overwrite=overwrite, flag="--out")
 
 
 def measure(

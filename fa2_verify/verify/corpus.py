@@ -149,4 +149,4 @@ def save_corpus(corpus: Corpus, path: str | pathlib.Path) -> pathlib.Path:
         "  ]\n"
         "}\n"
     )
-    return write_text_atomic(path, text, overwrite=True)
+    return write_text_atomic(path, text, overwrite=True, flag="--corpus")

@@ -1,17 +1,22 @@
-"""Calling a kernel under the contract: poisoned outputs, checked count, shapes, dtypes and device.
+"""Calling a kernel under the contract: poisoned outputs, untouched inputs, checked count, shapes, dtypes and device.
 
 Every comparison in fa2-verify (against the golden in :mod:`verify.check`,
 against the kernel itself in the property suite) gets its tensors from here.
 Each call runs under :func:`verify.poison.poisoned`, so an element the kernel
-never writes reads NaN.  An exception from the kernel, or an output that breaks
-the contract, becomes a :class:`KernelFailure` whose message says how: a
-failure of the kernel, never of the harness.  A kernel that raises
-:class:`~core.errors.UnsupportedCase` declines the case; that propagates.
+never writes reads NaN.  Every tensor handed to an entry point must be
+bit for bit the same after the call: ``backward`` gets its own copies of the
+forward's ``out`` and ``lse``, so it can neither change the forward results
+that are compared nor get away with writing into them.  Anything the kernel
+raises (any :class:`BaseException`, :mod:`verify.user_code`), a modified
+input, or an output that breaks the contract becomes a :class:`KernelFailure`
+whose message says how: a failure of the kernel, never of the harness.  A
+kernel that raises :class:`~core.errors.UnsupportedCase` declines the case;
+that propagates.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -21,9 +26,12 @@ from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import LoadedKernel
+from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
 
 #: Output name -> (shape, dtype, description of the shape's axes).
 Layouts = dict[str, tuple[tuple[int, ...], torch.dtype, str]]
+
+_INTEGER_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class KernelFailure(Exception):
@@ -44,24 +52,45 @@ def contract_layouts(spec: CaseSpec) -> Layouts:
     }
 
 
+def _bits(tensor: torch.Tensor) -> torch.Tensor:
+    """A host copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves.
+
+    On the host, so that a GPU case at scale does not hold a second copy of
+    its inputs in device memory while the kernel runs.
+    """
+    return tensor.detach().to("cpu", copy=True).view(_INTEGER_VIEWS[tensor.element_size()])
+
+
+def _synchronized(returned: Any, device: torch.device) -> Any:
+    """``returned``, once the kernel's work on ``device`` has finished (so its errors surface in the call)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return returned
+
+
 def call_entry(
     kernel: LoadedKernel,
     entry: str,
+    inputs: Mapping[str, torch.Tensor],
     names: tuple[str, ...],
     layouts: Layouts,
     device: torch.device,
-    call: Callable[[], Any],
+    call: Callable[..., Any],
 ) -> dict[str, torch.Tensor]:
-    """Run one entry point under poisoning; its outputs by name, cloned, after checking the contract."""
+    """``call(*inputs.values())`` under poisoning; its outputs by name, cloned, after checking the contract.
+
+    ``inputs`` are the tensors the entry point receives, by name, in the order
+    ``call`` takes them; each must be unchanged, bit for bit, after the call.
+    """
+    before = {name: _bits(tensor) for name, tensor in inputs.items()}
     with poisoned(device, [layouts[name][:2] for name in names]):
         try:
-            returned = call()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-        except UnsupportedCase:
-            raise
-        except Exception as exc:
-            raise KernelFailure(f"{kernel.name}.{entry} raised {type(exc).__name__}: {exc}") from exc
+            returned = call_user_code(lambda: _synchronized(call(*inputs.values()), device), passthrough=(UnsupportedCase,))
+        except UserCodeRaised as raised:
+            raise KernelFailure(f"{kernel.name}.{entry} raised {raised}") from raised.raised
+    for name, bits in before.items():
+        if not torch.equal(_bits(inputs[name]), bits):
+            raise KernelFailure(f"{kernel.name}.{entry} modified its input {name} in place")
     expected = f"({', '.join(names)})"
     if not isinstance(returned, (tuple, list)):
         raise KernelFailure(f"{kernel.name}.{entry} returned {type(returned).__name__}, expected a tuple {expected}")
@@ -87,26 +116,24 @@ def call_entry(
 
 
 def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> dict[str, torch.Tensor]:
-    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward with the kernel's own out and lse."""
+    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse."""
     spec = case.spec
     layouts = contract_layouts(spec)
     device = case.q.device
     masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
     outputs = call_entry(
-        kernel, "forward", ("out", "lse"), layouts, device, lambda: kernel.forward(case.q, case.k, case.v, **masking)
-    )
+        kernel, "forward", {"q": case.q, "k": case.k, "v": case.v}, ("out", "lse"), layouts, device,
+        lambda q, k, v: kernel.forward(q, k, v, **masking),
+    )  # fmt: skip
     if spec.backward if backward is None else backward:
-        out, lse = outputs["out"], outputs["lse"]
+        handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
+        handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone()}
         outputs |= call_entry(
-            kernel,
-            "backward",
-            ("dq", "dk", "dv"),
-            layouts,
-            device,
-            lambda: kernel.backward(
-                case.dout, case.q, case.k, case.v, out, lse, deterministic=spec.deterministic, **masking
+            kernel, "backward", handed, ("dq", "dk", "dv"), layouts, device,
+            lambda dout, q, k, v, out, lse: kernel.backward(
+                dout, q, k, v, out, lse, deterministic=spec.deterministic, **masking
             ),
-        )
+        )  # fmt: skip
     return outputs
 
 
@@ -126,18 +153,21 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
         "dk": ((total_k, spec.heads_kv, spec.head_dim), dtype, packed_kv),
         "dv": ((total_k, spec.heads_kv, spec.head_dim), dtype, packed_kv),
     }
-    lengths = (packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_seqlen_q, packed.max_seqlen_k)
+    max_lengths = (packed.max_seqlen_q, packed.max_seqlen_k)
     masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    sequences = {"cu_seqlens_q": packed.cu_seqlens_q, "cu_seqlens_k": packed.cu_seqlens_k}
     outputs = call_entry(
-        kernel, "forward_varlen", ("out", "lse"), layouts, packed.q.device,
-        lambda: kernel.target.forward_varlen(packed.q, packed.k, packed.v, *lengths, **masking),
+        kernel, "forward_varlen", {"q": packed.q, "k": packed.k, "v": packed.v, **sequences}, ("out", "lse"), layouts,
+        packed.q.device,
+        lambda q, k, v, cu_q, cu_k: kernel.target.forward_varlen(q, k, v, cu_q, cu_k, *max_lengths, **masking),
     )  # fmt: skip
     if spec.backward if backward is None else backward:
-        out, lse = outputs["out"], outputs["lse"]
+        handed = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
+        handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone(), **sequences}
         outputs |= call_entry(
-            kernel, "backward_varlen", ("dq", "dk", "dv"), layouts, packed.q.device,
-            lambda: kernel.target.backward_varlen(
-                packed.dout, packed.q, packed.k, packed.v, out, lse, *lengths, deterministic=spec.deterministic, **masking
+            kernel, "backward_varlen", handed, ("dq", "dk", "dv"), layouts, packed.q.device,
+            lambda dout, q, k, v, out, lse, cu_q, cu_k: kernel.target.backward_varlen(
+                dout, q, k, v, out, lse, cu_q, cu_k, *max_lengths, deterministic=spec.deterministic, **masking
             ),
         )  # fmt: skip
     return outputs

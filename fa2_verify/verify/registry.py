@@ -3,18 +3,25 @@
 A new bundled target is one module and one line in :data:`BUNDLED`.
 Every failure to load is a :class:`~core.errors.KernelLoadError` with a
 one-line message; nothing is imported until a kernel is asked for.
+
+Importing the target and calling its hooks (``capabilities``,
+``unavailable_reason()``, ``config()``) run user code: anything they raise,
+``SystemExit`` and ``KeyboardInterrupt`` included (:mod:`verify.user_code`),
+is a :class:`~core.errors.KernelLoadError` that names the hook, and so is a
+hook that returns the wrong type.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any
+from typing import Any, Callable, Mapping
 
 import torch
 
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError
+from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
 
 #: short name -> "module:attr" of the bundled targets.
 BUNDLED: dict[str, str] = {
@@ -33,9 +40,22 @@ class LoadedKernel:
     name: str
     target: Any
 
+    def call_hook(self, hook: str, call: Callable[[], Any]) -> Any:
+        """``call()``, the target's ``hook``; anything it raises is a :class:`KernelLoadError` naming the hook."""
+        try:
+            return call_user_code(call)
+        except UserCodeRaised as raised:
+            raise KernelLoadError(f"kernel {self.name!r}: {hook} raised {raised}") from raised.raised
+
     @property
     def capabilities(self) -> Capabilities:
-        return self.target.capabilities
+        capabilities = self.call_hook("capabilities", lambda: self.target.capabilities)
+        if not isinstance(capabilities, Capabilities):
+            raise KernelLoadError(
+                f"kernel {self.name!r}: 'capabilities' is {type(capabilities).__name__}, "
+                "expected core.contract.Capabilities"
+            )
+        return capabilities
 
     def forward(self, *args, **kwargs):
         return self.target.forward(*args, **kwargs)
@@ -46,7 +66,11 @@ class LoadedKernel:
     def unavailable_reason(self, device: str | None = None) -> str | None:
         """Why this target cannot run here (on ``device`` if given), or ``None``."""
         probe = getattr(self.target, "unavailable_reason", None)
-        reason = probe() if probe is not None else None
+        reason = self.call_hook("unavailable_reason()", probe) if probe is not None else None
+        if reason is not None and not isinstance(reason, str):
+            raise KernelLoadError(
+                f"kernel {self.name!r}: unavailable_reason() returned {type(reason).__name__}, expected str or None"
+            )
         if reason is None and device is not None:
             device_type = torch.device(device).type
             if device_type not in self.capabilities.dtypes:
@@ -58,7 +82,10 @@ class LoadedKernel:
     def config(self) -> dict[str, Any]:
         """Settings a run records to be reproducible (block sizes, versions...)."""
         describe = getattr(self.target, "config", None)
-        return dict(describe()) if describe is not None else {}
+        settings = self.call_hook("config()", describe) if describe is not None else {}
+        if not isinstance(settings, Mapping):
+            raise KernelLoadError(f"kernel {self.name!r}: config() returned {type(settings).__name__}, expected a dict")
+        return dict(settings)
 
 
 def device_unavailable_reason(device_type: str) -> str | None:
@@ -84,21 +111,19 @@ def load_kernel(name: str) -> LoadedKernel:
         raise KernelLoadError(f"unknown kernel {name!r}: use one of {known}, or module:attr")
     module_name, _, attr_path = spec.partition(":")
     try:
-        target: Any = importlib.import_module(module_name)
-    except Exception as exc:  # a user's module may fail on import in any way; report it, never a traceback
-        raise KernelLoadError(
-            f"kernel {name!r}: cannot import module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        target: Any = call_user_code(lambda: importlib.import_module(module_name))
+    except UserCodeRaised as raised:
+        raise KernelLoadError(f"kernel {name!r}: cannot import module {module_name!r}: {raised}") from raised.raised
     for attr in attr_path.split("."):
         try:
-            target = getattr(target, attr)
+            target = call_user_code(lambda: getattr(target, attr), passthrough=(AttributeError,))
         except AttributeError:
             raise KernelLoadError(f"kernel {name!r}: module {module_name!r} has no attribute {attr_path!r}") from None
+        except UserCodeRaised as raised:
+            raise KernelLoadError(f"kernel {name!r}: reading {attr_path!r} raised {raised}") from raised.raised
+    kernel = LoadedKernel(name=name, target=target)
     for required in ("forward", "capabilities"):
-        if not hasattr(target, required):
+        if not kernel.call_hook(required, lambda: hasattr(target, required)):
             raise KernelLoadError(f"kernel {name!r}: target {spec!r} lacks {required!r}, required by the kernel contract")
-    if not isinstance(target.capabilities, Capabilities):
-        raise KernelLoadError(
-            f"kernel {name!r}: 'capabilities' is {type(target.capabilities).__name__}, expected core.contract.Capabilities"
-        )
-    return LoadedKernel(name=name, target=target)
+    kernel.capabilities  # read once now, so a target whose capabilities cannot be read fails to load
+    return kernel

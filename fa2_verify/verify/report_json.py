@@ -186,7 +186,7 @@ def write_tolerance_report(
     """Write ``tolerance.json`` atomically; an existing file is kept unless ``overwrite``."""
     report = build_tolerance_report(run, environment=environment)
     return write_text_atomic(
-        path, json.dumps(report, indent=1, allow_nan=False, default=str) + "\n", overwrite=overwrite
+        path, json.dumps(report, indent=1, allow_nan=False, default=str) + "\n", overwrite=overwrite, flag="--report"
     )
 
 

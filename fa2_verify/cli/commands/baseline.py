@@ -18,7 +18,8 @@ from fa2_verify.verify import baseline as baselines
 from fa2_verify.cli.commands.corpus import add_corpus_option
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import load_corpus
-from fa2_verify.core.errors import ReportError, UsageError
+from fa2_verify.core.errors import UsageError
+from fa2_verify.verify.atomic import check_writable
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("baseline", help="record a kernel's baseline on the gate corpus")
@@ -79,8 +80,7 @@ def format_groups(baseline: baselines.Baseline) -> str:
 def handle(args) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats={args.repeats} is not valid: use a positive integer")
-    if args.out.exists() and not args.overwrite:
-        raise ReportError(f"{args.out} exists: pass --overwrite to replace it, or choose another --out")
+    check_writable(args.out, overwrite=args.overwrite, flag="--out")
     kernel = resolve_target(args.kernel, args.device)
     corpus = load_corpus(args.corpus)
     baseline = baselines.record(

@@ -15,11 +15,11 @@ import pathlib
 
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.verify import gate
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.verify.atomic import check_writable, write_text_atomic
 from fa2_verify.cli.commands.baseline import add_corpus_arguments, golden_options, parse_dtypes
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import load_corpus
-from fa2_verify.core.errors import ReportError, UsageError
+from fa2_verify.core.errors import UsageError
 from fa2_verify.verify.report_markdown import render_gate
 
 
@@ -87,9 +87,9 @@ def margins(args) -> gate.Margins:
 
 def handle(args) -> int:
     chosen_margins = margins(args)
-    for path in (args.out, args.markdown):
-        if path is not None and path.exists() and not args.overwrite:
-            raise ReportError(f"{path} exists: pass --overwrite to replace it, or choose another path")
+    for path, flag in ((args.out, "--out"), (args.markdown, "--markdown")):
+        if path is not None:
+            check_writable(path, overwrite=args.overwrite, flag=flag)
     baseline = baselines.load_baseline(args.baseline)
     corpus = load_corpus(args.corpus)
     dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))
@@ -103,5 +103,6 @@ def handle(args) -> int:
     if args.out is not None:
         print(f"wrote {baselines.write_baseline(current, args.out, overwrite=args.overwrite)}")
     if args.markdown is not None:
-        print(f"wrote {write_text_atomic(args.markdown, render_gate(result), overwrite=args.overwrite)}")
+        written = write_text_atomic(args.markdown, render_gate(result), overwrite=args.overwrite, flag="--markdown")
+        print(f"wrote {written}")
     return 0 if result.passed else 1

@@ -1,10 +1,14 @@
-"""``fa2-verify kernels``: list the targets, their capabilities, and whether they run here."""
+"""``fa2-verify kernels``: list the targets, their capabilities, and whether they run here.
+
+Every target is loaded before anything is printed: one that cannot be loaded,
+or whose hooks raise, is a one-line :class:`~core.errors.KernelLoadError`
+(exit 2), never a row of a listing that exits 0.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from fa2_verify.core.errors import KernelLoadError
 from fa2_verify.verify.registry import BUNDLED, load_kernel
 
 
@@ -29,13 +33,9 @@ def _features(caps) -> str:
 def handle(args) -> int:
     names = args.names or list(BUNDLED)
     here = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    print(f"{'kernel':<16} {'devices/dtypes':<54} {'head dims':<12} {'features':<44} runs here")
-    for name in names:
-        try:
-            kernel = load_kernel(name)
-        except KernelLoadError as exc:
-            print(f"{name:<16} {'-':<54} {'-':<12} {'-':<44} no: {exc}")
-            continue
+    kernels = [load_kernel(name) for name in names]
+    rows = []
+    for kernel in kernels:
         caps = kernel.capabilities
         devices = "; ".join(f"{dev}: {','.join(dts)}" for dev, dts in caps.dtypes.items())
         dims = caps.head_dims
@@ -44,7 +44,8 @@ def handle(args) -> int:
         for device in here:
             reason = kernel.unavailable_reason(device)
             status.append(f"{device}: yes" if reason is None else f"{device}: no ({reason})")
-        print(f"{name:<16} {devices:<54} {head_dims:<12} {_features(caps):<44} {'; '.join(status)}")
-        for note in caps.notes:
-            print(f"{'':<16} note: {note}")
+        rows.append(f"{kernel.name:<16} {devices:<54} {head_dims:<12} {_features(caps):<44} {'; '.join(status)}")
+        rows.extend(f"{'':<16} note: {note}" for note in caps.notes)
+    print(f"{'kernel':<16} {'devices/dtypes':<54} {'head dims':<12} {'features':<44} runs here")
+    print("\n".join(rows))
     return 0

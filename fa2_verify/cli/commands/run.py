@@ -21,9 +21,9 @@ import pathlib
 
 import torch
 
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.verify.atomic import check_writable, write_text_atomic
 from fa2_verify.verify.check import run_cases
-from fa2_verify.core.errors import DeviceUnavailable, ReportError, UsageError
+from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES
 from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.metrics import describe_failure
@@ -91,8 +91,13 @@ def add_target_arguments(parser) -> None:
 
 
 def resolve_target(kernel_name: str, device: str) -> LoadedKernel:
-    """Load the kernel and check that it and ``device`` can run here (else a one-line error)."""
+    """Load the kernel and check that it and ``device`` can run here (else a one-line error).
+
+    Its hooks are called here, before any case runs, so one that raises is a
+    one-line :class:`~core.errors.KernelLoadError` at once.
+    """
     kernel = load_kernel(kernel_name)
+    kernel.config()
     try:
         torch.device(device)
     except RuntimeError:
@@ -157,12 +162,12 @@ def summary(run: RunResult) -> str:
 
 
 def handle(args) -> int:
-    kernel = resolve_target(args.kernel, args.device)
     report = args.report / REPORT_NAME if args.report is not None else None
-    if report is not None and report.exists() and not args.overwrite:
-        raise ReportError(f"{report} exists: pass --overwrite to replace it, or choose another --report directory")
-    if args.markdown is not None and args.markdown.exists() and not args.overwrite:
-        raise ReportError(f"{args.markdown} exists: pass --overwrite to replace it, or choose another --markdown file")
+    if report is not None:
+        check_writable(report, overwrite=args.overwrite, flag="--report")
+    if args.markdown is not None:
+        check_writable(args.markdown, overwrite=args.overwrite, flag="--markdown")
+    kernel = resolve_target(args.kernel, args.device)
     specs = case_set(args.cases, args.device)
     run = run_cases(kernel, specs, args.device)
     print(format_table(run.cases))
@@ -179,7 +184,7 @@ def handle(args) -> int:
         print(f"wrote {write_tolerance_report(report, run, environment=environment, overwrite=args.overwrite)}")
     if args.markdown is not None:
         markdown = render_tolerance(build_tolerance_report(run, environment=environment))
-        print(f"wrote {write_text_atomic(args.markdown, markdown, overwrite=args.overwrite)}")
+        print(f"wrote {write_text_atomic(args.markdown, markdown, overwrite=args.overwrite, flag='--markdown')}")
     counts = run.counts()
     if counts["failed"] or counts["error"]:
         return 1
