@@ -87,6 +87,22 @@ def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_a_baseline_directory_or_unwritable_output_is_named_before_any_case_runs(tmp_path, capsys):
+    assert cli.main(["gate", "--kernel", "reference", "--baseline", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--baseline={tmp_path} is a directory" in err
+    (tmp_path / "a-file").write_text("")
+    for argv in (
+        ["baseline", "--kernel", "reference", "--out", str(tmp_path)],
+        ["gate", "--kernel", "reference", "--baseline", str(COMMITTED), "--out", str(tmp_path)],
+        ["gate", "--kernel", "reference", "--baseline", str(COMMITTED), "--markdown", str(tmp_path / "a-file" / "g.md")],
+    ):
+        assert cli.main(argv) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert "is a directory: name a file" in captured.err or "a-file is not a directory" in captured.err
+
+
 def test_committed_reference_baseline_matches_the_bundled_corpus():
     baseline = baselines.load_baseline(COMMITTED)
     corpus = load_corpus()

@@ -5,9 +5,13 @@ The broken kernels here wrap the bundled ``reference`` kernel with one defect ea
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import math
+import os
+import signal
+import sys
 
 import pytest
 import torch
@@ -48,6 +52,15 @@ class Defective:
     def forward(self, q, k, v, **masking):
         if self.defect == "raises":
             raise RuntimeError("boom")
+        if self.defect == "forward-exits":
+            sys.exit(0)
+        if self.defect == "ctrl-c":
+            os.kill(os.getpid(), signal.SIGINT)
+        if self.defect == "ctrl-c-swallowed":
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+            except KeyboardInterrupt:
+                raise RuntimeError("launch aborted") from None
         if self.defect == "raises-unsupported":
             raise UnsupportedCase("this shape needs a split-k launch")
         out, lse = self.reference.forward(q, k, v, **masking)
@@ -70,10 +83,23 @@ class Defective:
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, **masking):
+        if self.defect == "backward-worker-interrupted":
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(_interrupted_worker).result()
+        if self.defect == "backward-writes-out":
+            out.zero_()
+        if self.defect == "backward-writes-lse":
+            lse[0, 0, 0] = 0.0
+        if self.defect == "backward-writes-dout":
+            dout.neg_()
         dq, dk, dv = self.reference.backward(dout, q, k, v, out, lse, **masking)
         if self.defect == "dq-unscaled":
             return dq / masking["softmax_scale"], dk, dv
         return dq, dk, dv
+
+
+def _interrupted_worker() -> None:
+    raise KeyboardInterrupt
 
 
 def _check(defect: str, reference: LoadedKernel, spec: CaseSpec = SPEC, **kwargs) -> CaseResult:
@@ -123,13 +149,38 @@ def test_unavailable_kernel_is_unsupported(reference):
         ("one-value", "returned 1 value(s), expected 2: (out, lse)"),
         ("out-list", "returned out as list, expected a tensor"),
         ("out-elsewhere", "returned out on meta, expected cpu"),
-        ("modifies-input", "modified its input q in place"),
+        ("modifies-input", "defect-modifies-input.forward modified its input q in place"),
+        ("forward-exits", "defect-forward-exits.forward raised SystemExit: 0"),
+        ("backward-worker-interrupted", "defect-backward-worker-interrupted.backward raised KeyboardInterrupt"),
+        ("backward-writes-out", "defect-backward-writes-out.backward modified its input out in place"),
+        ("backward-writes-lse", "defect-backward-writes-lse.backward modified its input lse in place"),
+        ("backward-writes-dout", "defect-backward-writes-dout.backward modified its input dout in place"),
     ],
 )
 def test_kernel_errors_and_contract_violations_fail_the_case(reference, defect, reason):
     result = _check(defect, reference)
     assert result.status == "error" and result.counts_as_failure
     assert reason in result.reason
+
+
+@pytest.mark.parametrize("defect", ["ctrl-c", "ctrl-c-swallowed"])
+def test_a_ctrl_c_during_the_kernel_stops_the_run(reference, defect):
+    """A SIGINT that arrives while the kernel runs is the user's: it ends the run, whatever the kernel made of it."""
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        _check(defect, reference)
+    assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_backward_cannot_repair_the_forward_results(reference):
+    """A forward that returns 1.5 * out is compared as returned, though backward writes the right O into out."""
+    result = check_case(load_kernel("tests.mutants:OUT_REWRITTEN_BY_BACKWARD"), make_case(SPEC, "cpu"))
+    assert result.status == "error"
+    assert result.reason == "tests.mutants:OUT_REWRITTEN_BY_BACKWARD.backward modified its input out in place"
+    forward_only = check_case(
+        load_kernel("tests.mutants:OUT_REWRITTEN_BY_BACKWARD"), make_case(dataclasses.replace(SPEC, backward=False), "cpu")
+    )
+    assert forward_only.failed_outputs() == ["out"]
 
 
 def test_unwritten_element_fails_through_poisoning(reference):

@@ -45,6 +45,16 @@ FLOAT32_ONLY = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(
 NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=()))
 
 
+class ExitingConfig(Restricted):
+    """A target whose ``config()`` calls ``sys.exit(0)``."""
+
+    def config(self):
+        sys.exit(0)
+
+
+EXITING_CONFIG = ExitingConfig(FLOAT32_ONLY.capabilities)
+
+
 def _cli(*argv: str) -> tuple[int, str, str]:
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
@@ -107,7 +117,13 @@ def test_existing_report_is_not_overwritten(reference_run):
 
 @pytest.mark.parametrize(
     "mutant, failing",
-    [("LSE_BASE2", "lse (float32) mismatches the golden"), ("CAUSAL_SHIFT", "out ("), ("SKIP_RESCALE", "out (")],
+    [
+        ("LSE_BASE2", "lse (float32) mismatches the golden"),
+        ("CAUSAL_SHIFT", "out ("),
+        ("SKIP_RESCALE", "out ("),
+        ("OUT_REWRITTEN_BY_BACKWARD", "tests.mutants:OUT_REWRITTEN_BY_BACKWARD.backward modified its input out in place"),
+        ("BACKWARD_EXITS", "tests.mutants:BACKWARD_EXITS.backward raised SystemExit: 0"),
+    ],
 )
 def test_mutants_fail_naming_the_output(mutant, failing):
     code, stdout, _ = _cli("run", "--kernel", f"tests.mutants:{mutant}")
@@ -136,6 +152,30 @@ def test_nothing_supported_is_an_error_and_overwrite_replaces_the_report(tmp_pat
     assert code == 2
     assert "supports none of the" in stderr and "nothing was verified" in stderr
     assert json.loads((tmp_path / "tolerance.json").read_text())["summary"]["unsupported"] == len(FIXED_CASES)
+
+
+def test_a_hook_that_exits_is_one_line_exit_2():
+    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:EXITING_CONFIG")
+    assert code == 2 and stdout == ""
+    assert stderr == "fa2-verify: error: kernel 'tests.test_cli_run:EXITING_CONFIG': config() raised SystemExit: 0\n"
+
+
+@pytest.mark.parametrize(
+    "option, make_path, message",
+    [
+        ("--report", lambda tmp: tmp / "a-file" / "reports", "a-file is not a directory"),
+        ("--report", lambda tmp: tmp, "tolerance.json is a directory: name a file"),
+        ("--markdown", lambda tmp: tmp, "is a directory: name a file"),
+        ("--markdown", lambda tmp: tmp / "a-file" / "summary.md", "a-file is not a directory"),
+    ],
+    ids=["report-under-a-file", "report-file-is-a-directory", "markdown-is-a-directory", "markdown-under-a-file"],
+)
+def test_unwritable_output_is_refused_before_any_case_runs(tmp_path, option, make_path, message):
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "tolerance.json").mkdir()
+    code, stdout, stderr = _cli("run", "--kernel", "reference", option, str(make_path(tmp_path)))
+    assert code == 2 and stdout == ""
+    assert stderr.count("\n") == 1 and f"{option}=" in stderr and message in stderr
 
 
 def test_unknown_kernel_is_one_line_exit_2():

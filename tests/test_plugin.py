@@ -55,6 +55,13 @@ BAD_OPTIONS = {
     "unknown-profile": ("--fa2-profile=weekly", "--fa2-profile=weekly: not a profile: use one of dev, ci, nightly"),
     "unknown-device": ("--fa2-device=abacus", "--fa2-device=abacus: not a device"),
     "unsupported-dtype": ("--fa2-dtypes=float8", "--fa2-dtypes=float8: use names from"),
+    "capabilities-exit": (
+        "--fa2-kernel=tests.test_registry:EXITING_CAPABILITIES", "capabilities raised SystemExit: 0"
+    ),
+    "unavailable-reason-interrupt": (
+        "--fa2-kernel=tests.test_registry:INTERRUPTED_UNAVAILABLE_REASON", "unavailable_reason() raised KeyboardInterrupt"
+    ),
+    "config-exit": ("--fa2-kernel=tests.test_registry:EXITING_CONFIG", "config() raised SystemExit: 0"),
 }
 
 
@@ -64,6 +71,24 @@ def test_bad_option_values_are_usage_errors(run, pytester, option, message):
     result = run(option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_a_module_that_exits_on_import_is_a_usage_error(run, pytester):
+    pytester.makepyfile(exits_on_import="import sys\nsys.exit(0)\n", test_nothing="def test_nothing():\n    pass\n")
+    result = run("--fa2-kernel=exits_on_import:KERNEL")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fa2-kernel=exits_on_import:KERNEL*cannot import module*SystemExit: 0*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+def test_a_kernel_that_exits_in_backward_fails_the_property_naming_it(run):
+    result = run(
+        "--pyargs", "fa2_verify.properties", "-k", "test_dq_within_error_model",
+        "--fa2-kernel=tests.mutants:BACKWARD_EXITS", "--fa2-profile=ci",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*tests.mutants:BACKWARD_EXITS.backward raised SystemExit: 0*", "*1 failed*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
 def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, pytester):

@@ -4,6 +4,8 @@ targets, capabilities and whether they run here."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from fa2_verify.core.contract import Capabilities
@@ -26,9 +28,43 @@ class _DictCapabilities(_NoCapabilities):
     capabilities = DEFERRED.capabilities.as_dict()
 
 
+class _Hostile(_NoCapabilities):
+    """A target whose hook ``hook`` raises ``raised``; every other hook is the reference's."""
+
+    def __init__(self, hook: str, raised: BaseException) -> None:
+        self.hook, self.raised = hook, raised
+
+    def _maybe_raise(self, hook: str) -> None:
+        if hook == self.hook:
+            raise self.raised
+
+    @property
+    def capabilities(self):
+        self._maybe_raise("capabilities")
+        return DEFERRED.capabilities
+
+    def unavailable_reason(self):
+        self._maybe_raise("unavailable_reason()")
+        return None
+
+    def config(self):
+        self._maybe_raise("config()")
+        return {}
+
+
+def _exits():
+    sys.exit(0)
+
+
 NO_FORWARD = _NoForward()
 NO_CAPABILITIES = _NoCapabilities()
 DICT_CAPABILITIES = _DictCapabilities()
+EXITING_CAPABILITIES = _Hostile("capabilities", SystemExit(0))
+INTERRUPTED_CAPABILITIES = _Hostile("capabilities", KeyboardInterrupt())
+EXITING_UNAVAILABLE_REASON = _Hostile("unavailable_reason()", SystemExit(3))
+INTERRUPTED_UNAVAILABLE_REASON = _Hostile("unavailable_reason()", KeyboardInterrupt())
+EXITING_CONFIG = _Hostile("config()", SystemExit(0))
+FAILING_CONFIG = _Hostile("config()", ValueError("no tile table for this GPU"))
 
 BAD_TARGETS = {
     "unknown-name": ("no-such-kernel", f"unknown kernel 'no-such-kernel': use one of {', '.join(sorted(BUNDLED))}, or module:attr"),
@@ -47,6 +83,55 @@ def test_bad_target_raises_one_line_load_error(name: str, message: str) -> None:
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+#: target -> the one-line error of loading it and calling every hook.
+HOSTILE_HOOKS = {
+    "capabilities-exits": ("EXITING_CAPABILITIES", "capabilities raised SystemExit: 0"),
+    "capabilities-interrupts": ("INTERRUPTED_CAPABILITIES", "capabilities raised KeyboardInterrupt"),
+    "unavailable-reason-exits": ("EXITING_UNAVAILABLE_REASON", "unavailable_reason() raised SystemExit: 3"),
+    "unavailable-reason-interrupts": ("INTERRUPTED_UNAVAILABLE_REASON", "unavailable_reason() raised KeyboardInterrupt"),
+    "config-exits": ("EXITING_CONFIG", "config() raised SystemExit: 0"),
+    "config-raises": ("FAILING_CONFIG", "config() raised ValueError: no tile table for this GPU"),
+}
+
+
+@pytest.mark.parametrize("attr, message", HOSTILE_HOOKS.values(), ids=HOSTILE_HOOKS.keys())
+def test_a_hook_that_raises_anything_is_a_load_error_naming_it(attr: str, message: str) -> None:
+    name = f"tests.test_registry:{attr}"
+    with pytest.raises(KernelLoadError) as info:
+        kernel = load_kernel(name)
+        kernel.unavailable_reason("cpu")
+        kernel.config()
+    assert str(info.value) == f"kernel {name!r}: {message}"
+
+
+LISTED_HOOKS = {key: value for key, value in HOSTILE_HOOKS.items() if not key.startswith("config")}
+
+
+@pytest.mark.parametrize("attr, message", LISTED_HOOKS.values(), ids=LISTED_HOOKS.keys())
+def test_kernels_command_exits_2_on_a_hook_it_calls_that_raises(attr: str, message: str, capsys) -> None:
+    assert main(["kernels", f"tests.test_registry:{attr}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("import sys\nsys.exit(0)\n", "cannot import module 'exits_on_import': SystemExit: 0"),
+        ("raise KeyboardInterrupt\n", "cannot import module 'exits_on_import': KeyboardInterrupt"),
+        ("def __getattr__(name):\n    raise SystemExit(5)\n", "reading 'KERNEL' raised SystemExit: 5"),
+    ],
+    ids=["sys-exit", "keyboard-interrupt", "module-getattr-exits"],
+)
+def test_a_module_that_exits_on_import_is_a_load_error(tmp_path, monkeypatch, source: str, message: str) -> None:
+    (tmp_path / "exits_on_import.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "exits_on_import", raising=False)
+    with pytest.raises(KernelLoadError) as info:
+        load_kernel("exits_on_import:KERNEL")
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("name", ["reference", "reference-eager", "torch-flash"])
 def test_bundled_cpu_targets_load(name: str) -> None:
     kernel = load_kernel(name)
@@ -60,7 +145,7 @@ def test_module_attr_target_loads() -> None:
 
 
 def test_kernels_command_lists_capabilities(capsys) -> None:
-    assert main(["kernels", "reference", "torch-flash", "tests.no_such_module:KERNEL"]) == 0
+    assert main(["kernels", "reference", "torch-flash"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["kernel", "devices/dtypes", "head", "dims", "features", "runs", "here"]
     rows = {line.split()[0]: line for line in lines[1:] if not line.startswith(" ")}
@@ -68,8 +153,18 @@ def test_kernels_command_lists_capabilities(capsys) -> None:
     assert " 1..512 " in rows["reference"] and "causal,window,gqa,backward,deterministic " in rows["reference"]
     assert "cpu: yes" in rows["reference"] and "cpu: yes" in rows["torch-flash"]
     assert "cpu: float16,bfloat16,float32,float64; cuda: float16,bfloat16" in rows["torch-flash"]
-    assert "no: kernel 'tests.no_such_module:KERNEL': cannot import module" in rows["tests.no_such_module:KERNEL"]
     assert any(line.strip().startswith("note: cpu: seqlen_q=0 or seqlen_k=0 is unsupported") for line in lines)
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [(["nosuch"], "unknown kernel 'nosuch'"), (["reference", "tests.no_such_module:KERNEL"], "cannot import module")],
+    ids=["unknown-name", "one-of-two-fails-to-import"],
+)
+def test_kernels_command_exits_2_on_a_target_it_cannot_load(names, message, capsys) -> None:
+    assert main(["kernels", *names]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err
 
 
 def test_kernels_command_lists_every_bundled_target(capsys) -> None:

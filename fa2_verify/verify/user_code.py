@@ -35,10 +35,11 @@ Result = TypeVar("Result")
 
 
 class UserCodeRaised(Exception):
-    """User code raised ``raised``; the message is ``"<type>: <message>"``."""
+    """User code raised ``raised``; the message is ``"<type>: <message>"``, or the type alone without a message."""
 
     def __init__(self, raised: BaseException) -> None:
-        super().__init__(f"{type(raised).__name__}: {raised}")
+        detail = str(raised)
+        super().__init__(f"{type(raised).__name__}: {detail}" if detail else type(raised).__name__)
         self.raised = raised
 
 

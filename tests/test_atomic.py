@@ -1,0 +1,57 @@
+"""verify/atomic.py: reports and baselines take the mode the umask gives, and an unwritable path is refused
+up front, naming the flag and the reason."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from fa2_verify.core.errors import ReportError
+from fa2_verify.verify.atomic import check_writable, write_text_atomic
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, restoring it afterwards."""
+    previous = os.umask(0o022)
+    yield os.umask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_written_file_takes_the_mode_of_the_umask(tmp_path, umask, mask, mode, overwrite):
+    umask(mask)
+    target = write_text_atomic(tmp_path / "report.json", "{}", overwrite=overwrite, flag="--out")
+    assert stat.S_IMODE(target.stat().st_mode) == mode
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
+
+
+@pytest.mark.parametrize(
+    "relative, overwrite, message",
+    [
+        ("existing.json", False, "--out={tmp}/existing.json exists: pass --overwrite"),
+        ("directory", True, "--out={tmp}/directory is a directory: name a file"),
+        ("a-file/report.json", True, "--out={tmp}/a-file/report.json cannot be written: {tmp}/a-file is not a directory"),
+        ("a-file/deeper/report.json", True, "cannot be written: {tmp}/a-file is not a directory"),
+    ],
+    ids=["exists", "is-a-directory", "parent-is-a-file", "ancestor-is-a-file"],
+)
+def test_unwritable_path_is_refused_in_one_line(tmp_path, relative, overwrite, message):
+    (tmp_path / "existing.json").write_text("old")
+    (tmp_path / "directory").mkdir()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(ReportError) as info:
+        check_writable(tmp_path / relative, overwrite=overwrite, flag="--out")
+    assert message.format(tmp=tmp_path) in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ReportError):
+        write_text_atomic(tmp_path / relative, "new", overwrite=overwrite, flag="--out")
+    assert (tmp_path / "existing.json").read_text() == "old"
+
+
+def test_a_missing_directory_is_created(tmp_path):
+    target = check_writable(tmp_path / "new" / "deeper" / "report.json", overwrite=False, flag="--report")
+    assert not target.parent.exists()
+    assert write_text_atomic(target, "text", overwrite=False, flag="--report").read_text() == "text"
