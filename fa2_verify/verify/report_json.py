@@ -236,7 +236,7 @@ def _nvidia_driver() -> str | None:
 
 def kernel_version(kernel: LoadedKernel) -> str:
     """The target's ``version`` attribute, else its distribution's version, else fa2-verify's (bundled kernels)."""
-    declared = getattr(kernel.target, "version", None)
+    declared = kernel.call_hook("version", lambda: getattr(kernel.target, "version", None))
     if isinstance(declared, str) and declared:
         return declared
     module = getattr(kernel.target, "__module__", None) or getattr(kernel.target, "__name__", "")
