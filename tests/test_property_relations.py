@@ -20,6 +20,8 @@ from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.errors import UsageError
 from fa2_verify.kernels.reference import DEFERRED
+from fa2_verify.verify.kernel_call import KernelFailure, run_varlen
+from fa2_verify.verify.registry import LoadedKernel
 from tests import breakers
 
 
@@ -134,3 +136,32 @@ def test_pack_lays_sequences_end_to_end_with_empty_ones():
 def test_a_varlen_spec_whose_sizes_disagree_with_its_seqlens_is_a_usage_error():
     with pytest.raises(UsageError, match=r"seqlens=\[\[3, 0\]\] does not match batch=2"):
         VarlenSpec(batch=2, seqlen_q=3, seqlen_k=0, heads_q=1, heads_kv=1, head_dim=8, dtype="float16", seqlens=((3, 0),))
+
+
+class _VarlenWriter:
+    """Varlen entry points with the right shapes that write into the input named ``written``."""
+
+    capabilities = DEFERRED.capabilities
+
+    def __init__(self, written: str) -> None:
+        self.written = written
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **masking):
+        if self.written == "cu_seqlens_k":
+            cu_seqlens_k[-1] -= 1
+        return torch.zeros_like(q), torch.zeros(q.shape[1], q.shape[0])
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, **masking):
+        if self.written == "out":
+            out.fill_(1.0)
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+@pytest.mark.parametrize(
+    "written, message",
+    [("cu_seqlens_k", "forward_varlen modified its input cu_seqlens_k in place"), ("out", "backward_varlen modified its input out in place")],
+)
+def test_varlen_entry_points_must_leave_their_inputs_alone(written, message):
+    spec = VarlenSpec.packing(((3, 2), (2, 5)), heads_q=2, heads_kv=1, head_dim=8, dtype="float32")
+    with pytest.raises(KernelFailure, match=message):
+        run_varlen(LoadedKernel("writer", _VarlenWriter(written)), pack(spec, "cpu"), backward=True)
