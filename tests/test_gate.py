@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 
 import pytest
 import torch
@@ -185,6 +186,19 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
         assert any(line.startswith(f"  REGRESSION quantile-rise: {group} normalized: ") for line in regressions)
     assert not any("/lse/" in line or "/dv/" in line for line in regressions)
     assert "FAILED" in markdown.read_text()
+
+
+def test_gate_fails_a_kernel_that_now_exits_in_backward(small_corpus, tmp_path, capsys, monkeypatch):
+    """``sys.exit(0)`` inside the kernel is a new error of each backward case, never a silent exit 0."""
+    corpus, cache = small_corpus
+    name = "tests.degraded:REFERENCE"
+    base = tmp_path / "baseline.json"
+    assert cli.main(_cli("baseline", "--kernel", name, "--out", str(base), corpus=corpus, cache=cache)) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(degraded.REFERENCE, "backward", lambda *args, **kwargs: sys.exit(0))
+    assert cli.main(_cli("gate", "--kernel", name, "--baseline", str(base), corpus=corpus, cache=cache)) == 1
+    out = capsys.readouterr().out
+    assert "REGRESSION new-error" in out and f"{name}.backward raised SystemExit: 0" in out
 
 
 def test_gate_refuses_a_baseline_of_another_kernel_before_running(small_corpus, tmp_path, capsys):
