@@ -10,6 +10,7 @@ import io
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -53,6 +54,17 @@ class ExitingConfig(Restricted):
 
 
 EXITING_CONFIG = ExitingConfig(FLOAT32_ONLY.capabilities)
+
+
+class CtrlC(Restricted):
+    """A target during whose forward the user presses Ctrl-C (SIGINT to this process)."""
+
+    def forward(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return super().forward(*args, **kwargs)
+
+
+CTRL_C = CtrlC(FLOAT32_ONLY.capabilities)
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -176,6 +188,12 @@ def test_unwritable_output_is_refused_before_any_case_runs(tmp_path, option, mak
     code, stdout, stderr = _cli("run", "--kernel", "reference", option, str(make_path(tmp_path)))
     assert code == 2 and stdout == ""
     assert stderr.count("\n") == 1 and f"{option}=" in stderr and message in stderr
+
+
+def test_ctrl_c_during_a_kernel_stops_the_run_with_status_130():
+    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
+    assert code == 130 and "passed" not in stdout
+    assert stderr == "fa2-verify: interrupted: nothing was verified to completion\n"
 
 
 def test_unknown_kernel_is_one_line_exit_2():
