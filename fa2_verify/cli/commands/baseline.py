@@ -6,7 +6,9 @@ group and writes the baseline JSON to ``--out``.  ``--repeats N`` runs the
 corpus N times and stores the spread of each quantile as its jitter, which the
 gate adds to its margin (for kernels whose results vary from run to run, such
 as a backward with atomic dQ accumulation).  Exit status: 0 once written, 2 for
-bad arguments or an existing ``--out`` without ``--overwrite``.
+bad arguments or an ``--out`` that cannot be written (checked before any case
+runs: it exists without ``--overwrite``, is a directory, or its parent is not a
+writable directory).
 """
 
 from __future__ import annotations

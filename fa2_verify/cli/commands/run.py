@@ -8,11 +8,14 @@ the golden (:func:`verify.check.check_case`), prints one table (case, output,
 dtype, p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a
 failure description for each failing output, the seconds each case spent in
 the kernel, the golden and the comparison, the case set it ran, and writes
-``DIR/tolerance.json`` (:mod:`verify.report_json`) when ``--report DIR`` is given.  Exit status: 0
-when every supported case passed, 1 when a case failed or the kernel raised,
-2 (one line on stderr) for bad arguments, an unknown kernel, a missing
-device, an existing report without ``--overwrite``, or when no case of the
-set is supported (nothing verified).
+``DIR/tolerance.json`` (:mod:`verify.report_json`) when ``--report DIR`` is
+given.  Exit status: 0 when every supported case passed, 1 when a case failed
+or the kernel raised (anything, ``SystemExit`` included), 2 (one line on
+stderr) for bad arguments, an unknown kernel or one whose hooks raise, a
+missing device, an output path that cannot be written (checked before any
+case runs: an existing report without ``--overwrite``, a directory, a parent
+that is not a writable directory), or when no case of the set is supported
+(nothing verified).
 """
 
 from __future__ import annotations
