@@ -174,6 +174,16 @@ class DqLostUpdate(Mutant):
             super()._add_dq(dq, rows, update, key_block, num_key_blocks)
 
 
+class DsFlushSubnormal(Mutant):
+    """No subnormals in dS: every ``|dS_ij|`` below the input dtype's smallest normal
+    (float16 ``2^-14``) is flushed to zero before ``dS K`` and ``dS^T Q`` (lines 15-16),
+    instead of rounded with gradual underflow (an error up to ``2^-25``)."""
+
+    def _score_gradient(self, p, dp, delta, dtype):
+        ds = super()._score_gradient(p, dp, delta, dtype)
+        return ds.masked_fill(ds.abs() < torch.finfo(dtype).smallest_normal, 0.0)
+
+
 class EmptyRowNan(Mutant):
     """No guard for ``m = -inf``: a row with no visible key so far computes
     ``exp(-inf - (-inf)) = NaN``, so fully masked rows (and rows whose first
@@ -197,6 +207,7 @@ DELTA_FROM_ROUNDED = DeltaFromRounded()
 DQ_MISSING_SCALE = DqMissingScale()
 DK_DV_GQA_NOT_SUMMED = DkDvGqaNotSummed()
 DQ_LOST_UPDATE = DqLostUpdate()
+DS_FLUSH_SUBNORMAL = DsFlushSubnormal()
 EMPTY_ROW_NAN = EmptyRowNan()
 
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.

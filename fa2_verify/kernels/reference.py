@@ -240,6 +240,10 @@ class TiledAttention:
         """``D = rowsum(dO ∘ O)`` (Algorithm 2, line 4)."""
         return (dout * out).sum(dim=-1)
 
+    def _score_gradient(self, p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``dS = P ∘ (dP - D)`` (line 14) from the ``acc`` precision ``P``, rounded to ``dtype``."""
+        return (p * (dp - delta)).to(dtype)
+
     def _add_dq(self, dq: torch.Tensor, rows: slice, update: torch.Tensor, key_block: int, num_key_blocks: int) -> None:
         """``dQ_i += dS K_j`` (line 15), the accumulation across key blocks."""
         dq[:, :, rows] += update
@@ -330,7 +334,7 @@ class TiledAttention:
                 p = torch.exp(s - lse_h[:, :, rows].unsqueeze(-1))
                 dv_j += p.to(q.dtype).to(acc).transpose(-1, -2) @ do_i
                 dp = do_i @ v_j.transpose(-1, -2)
-                ds = (p * (dp - delta[:, :, rows].unsqueeze(-1))).to(q.dtype).to(acc)
+                ds = self._score_gradient(p, dp, delta[:, :, rows].unsqueeze(-1), q.dtype).to(acc)
                 self._add_dq(dq_acc, rows, ds @ k_j, j, tiles.num_k)
                 dk_j += ds.transpose(-1, -2) @ q_i
             dk[:, cols] = (self._reduce_heads(dk_j, kv_heads, heads_kv) * softmax_scale).transpose(1, 2).to(k.dtype)
