@@ -192,7 +192,8 @@ RESCALE_RISE_BINADES: tuple[int, int] = (-30, 0)
 
 
 def _orthonormal_pair(spec: "CaseSpec", rng: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Two orthonormal vectors per (batch, kv head), each as ``(for q, for k)`` broadcastable pairs."""
+    """``(a_q, a_kv, b_q, b_kv)``: orthonormal ``a``, ``b`` per (batch, kv head), the ``_q`` copies
+    repeated over each group's query heads (broadcastable against q, the ``_kv`` ones against k)."""
     first = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
     second = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
     first = first / first.norm(dim=-1, keepdim=True).clamp_min(1e-300)
