@@ -83,6 +83,16 @@ class SkipRescale(Mutant):
         return o
 
 
+class SkipSmallRescale(Mutant):
+    """A "negligible" rescale skipped: when the running max rises by less than 2^-12,
+    ``α = exp(m_old - m_new)`` is taken as 1 for both ``O`` and ℓ (line 9) while ``P~``
+    uses the new max, so the earlier keys' weights are too large by a factor up to e^(2^-12)."""
+
+    def _rescale_factor(self, m_old, m_new):
+        factor = super()._rescale_factor(m_old, m_new)
+        return torch.where(m_new - m_old < 2.0**-12, torch.ones_like(factor), factor)
+
+
 class StaleMax(Mutant):
     """Stale running max: a block's probabilities are exponentiated against the
     max from before this block's update (``P~ = exp(S - m_old)``, line 9) while
@@ -166,6 +176,21 @@ class DkDvGqaNotSummed(Mutant):
         return grad[:, first]
 
 
+class DkChunkOffset(Mutant):
+    """Head dim split into chunks of 128 columns, and the second chunk of ``dK_j += dS^T Q_i``
+    (line 16) reads Q at the first chunk's columns (its column offset never advanced):
+    dK is wrong only for head_dim > 128."""
+
+    chunk = 128
+
+    def _key_gradient(self, ds, q_i):
+        update = super()._key_gradient(ds, q_i)
+        head_dim = q_i.shape[-1]
+        if head_dim > self.chunk:
+            update[..., self.chunk :] = super()._key_gradient(ds, q_i[..., : head_dim - self.chunk])
+        return update
+
+
 class DqLostUpdate(Mutant):
     """Lost update to dq (a dropped atomic add): the last key block's
     contribution ``dS K_j`` never reaches dQ (Algorithm 2, line 15)."""
@@ -173,6 +198,16 @@ class DqLostUpdate(Mutant):
     def _add_dq(self, dq, rows, update, key_block, num_key_blocks):
         if key_block != num_key_blocks - 1:
             super()._add_dq(dq, rows, update, key_block, num_key_blocks)
+
+
+class DsFlushSubnormal(Mutant):
+    """No subnormals in dS: every ``|dS_ij|`` below the input dtype's smallest normal
+    (float16 ``2^-14``) is flushed to zero before ``dS K`` and ``dS^T Q`` (lines 15-16),
+    instead of rounded with gradual underflow (an error up to ``2^-25``)."""
+
+    def _score_gradient(self, p, dp, delta, dtype):
+        ds = super()._score_gradient(p, dp, delta, dtype)
+        return ds.masked_fill(ds.abs() < torch.finfo(dtype).smallest_normal, 0.0)
 
 
 class EmptyRowNan(Mutant):
@@ -217,6 +252,7 @@ LSE_BASE2 = LseBase2()
 CAUSAL_SHIFT = CausalShift()
 TOP_LEFT_CAUSAL = TopLeftCausal()
 SKIP_RESCALE = SkipRescale()
+SKIP_SMALL_RESCALE = SkipSmallRescale()
 STALE_MAX = StaleMax()
 WINDOW_OFF_BY_ONE = WindowOffByOne()
 GQA_WRONG_HEAD = GqaWrongHead()
@@ -226,7 +262,9 @@ ACC_IN_INPUT_DTYPE = AccInInputDtype()
 DELTA_FROM_ROUNDED = DeltaFromRounded()
 DQ_MISSING_SCALE = DqMissingScale()
 DK_DV_GQA_NOT_SUMMED = DkDvGqaNotSummed()
+DK_CHUNK_OFFSET = DkChunkOffset()
 DQ_LOST_UPDATE = DqLostUpdate()
+DS_FLUSH_SUBNORMAL = DsFlushSubnormal()
 EMPTY_ROW_NAN = EmptyRowNan()
 OUT_REWRITTEN_BY_BACKWARD = OutRewrittenByBackward()
 BACKWARD_EXITS = BackwardExits()

@@ -26,6 +26,11 @@ from fa2_verify.verify.error_model import (
     unit_roundoff,
 )
 from fa2_verify.verify.metrics import compare
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import LoadedKernel
+from fa2_verify.kernels.reference import DEFERRED
+from tests.mutants import DS_FLUSH_SUBNORMAL
+from tests.variants import ROUNDED_P_DS
 
 SPEC = CaseSpec(
     batch=1, seqlen_q=9, seqlen_k=13, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", causal=True, seed=5
@@ -205,3 +210,38 @@ def test_flushing_float16_subnormal_inputs_fails():
     gradients = naive.attention_grads(dout, q, k, v, softmax_scale=spec.scale)
     for name, actual in zip(("dq", "dk", "dv"), gradients):
         assert not compare(name, actual.to(torch.float16), getattr(result, name), bounds[name], threshold=1.0).passed, name
+
+
+#: The case of issue 12 on which PyTorch's memory-efficient backward returned dk = 0 for a golden 4.35e-8.
+DOMINANT_KEY_FLOAT16 = CaseSpec(batch=2, seqlen_q=3, seqlen_k=3, heads_q=1, heads_kv=1, head_dim=8, dtype="float16",
+                                causal=True, generator="dominant-key", seed=0)  # fmt: skip
+
+
+def _checked(target, spec):
+    return check_case(LoadedKernel(type(target).__name__, target), make_case(spec, "cpu"))
+
+
+def _backward_inputs(spec):
+    case = make_case(spec, "cpu")
+    out, lse = ROUNDED_P_DS.forward(case.q, case.k, case.v, softmax_scale=spec.scale, causal=spec.causal)
+    return case.dout, case.q, case.k, case.v, out, lse
+
+
+def test_ds_from_p_rounded_to_float16_with_subnormals_passes():
+    """PyTorch's memory-efficient backward forms dS from P rounded to the dtype: a P below eta
+    becomes 0 and takes dS_ij = P_ij (dP_ij - D_i) with it, eta |dP_ij - D_i| in (6)."""
+    result = _checked(ROUNDED_P_DS, DOMINANT_KEY_FLOAT16)
+    assert result.status == "passed", result.comparisons["dk"]
+    actual = ROUNDED_P_DS.backward(*_backward_inputs(DOMINANT_KEY_FLOAT16), softmax_scale=DOMINANT_KEY_FLOAT16.scale,
+                                   causal=True)[1]  # fmt: skip
+    assert float(actual[1, 2, 0, 0]) == 0.0, "P no longer rounds to 0 here: the case tests nothing"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ds_without_float16_subnormals_fails(seed):
+    """Flushing every |dS| below float16's smallest normal 2^-14 errs by up to 2^11 eta per element."""
+    spec = dataclasses.replace(DOMINANT_KEY_FLOAT16, generator="normal-x2^-8", seed=seed)
+    assert _checked(DEFERRED, spec).status == "passed"
+    result = _checked(DS_FLUSH_SUBNORMAL, spec)
+    assert result.status == "failed"
+    assert not result.comparisons["dk"].passed and not result.comparisons["dq"].passed

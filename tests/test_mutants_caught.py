@@ -61,14 +61,31 @@ def test_every_property_can_fail(name, golden_options):
     assert result.caught, f"{name} did not catch {prop.breaker} in {result.examples} examples"
 
 
-#: Correct kernels: the device each is checked on and the dtypes it is correct in
-#: there.  PyTorch's CPU flash kernel returns an LSE accurate to only ~1e-5 for
-#: 16-bit inputs (kernels/torch_flash.py), which the suite reports as a failure.
+#: Correct kernels (bundled, and the variants of tests/variants.py with other legitimate
+#: numerics, e.g. dS from P rounded to float16 as PyTorch's memory-efficient backward):
+#: the device each is checked on, the dtypes it is correct in there (for a variant, those
+#: where it differs from the reference),
+#: and the properties it cannot run (a capability it lacks), each with the reason
+#: the suite must give.  PyTorch's CPU flash kernel returns an LSE accurate to only
+#: ~1e-5 for 16-bit inputs (kernels/torch_flash.py), which the suite reports as a failure.
 CORRECT = {
-    "reference": ("cpu", None),
-    "torch-flash": ("cpu", ("float32", "float64")),
-    "triton": ("cuda", None),
+    "reference": ("cpu", None, {"test_varlen_outputs_within_error_model": "lacks the capability 'varlen'"}),
+    "torch-flash": ("cpu", ("float32", "float64"), {"test_varlen_outputs_within_error_model": "lacks the capability 'varlen'"}),
+    "tests.variants:ROUNDED_P_DS": ("cpu", ("float16",), {"test_varlen_outputs_within_error_model": "lacks the capability 'varlen'"}),
+    "triton": ("cuda", None, {}),
 }
+
+
+def search_every_property(suite: Suite, search_settings: settings, seed: int) -> tuple[list[str], dict[str, str]]:
+    """Each property searched against ``suite``: the failure messages, and the skipped properties with their reasons."""
+    failures, skipped = [], {}
+    for prop in PROPERTIES.values():
+        result = harness.search(prop, suite, search_settings, seed=seed)
+        if result.skipped is not None:
+            skipped[result.test] = result.skipped
+        elif result.caught:
+            failures.append(result.message)
+    return failures, skipped
 
 
 @pytest.mark.slow
@@ -77,15 +94,14 @@ CORRECT = {
     "kernel", [pytest.param(name, marks=[pytest.mark.gpu] if CORRECT[name][0] == "cuda" else []) for name in sorted(CORRECT)]
 )
 def test_correct_kernels_pass_every_property(kernel, seed, golden_options):
-    device, dtypes = CORRECT[kernel]
+    device, dtypes, expected_skips = CORRECT[kernel]
     suite = Suite(load_kernel(kernel), device, CI, golden_options, dtypes)
     random_search = settings(harness.catch_settings(CI), derandomize=False, max_examples=2)
-    failures = [
-        result.message
-        for prop in PROPERTIES.values()
-        if (result := harness.search(prop, suite, random_search, seed=seed)).caught
-    ]
+    failures, skipped = search_every_property(suite, random_search, seed)
     assert not failures, "\n\n".join(failures)
+    assert skipped.keys() == expected_skips.keys(), f"skipped: {skipped}"
+    for name, reason in skipped.items():
+        assert expected_skips[name] in reason, f"{name} skipped for another reason: {reason}"
 
 
 def test_dq_spread_bound_admits_atomic_reordering(golden_options):

@@ -74,10 +74,26 @@ def test_attachments_are_made_once_per_test_not_per_example(allure_results):
     assert len(json.loads((allure_results / json_body["source"]).read_text())["cases"]) == examples
 
 
-def test_without_alluredir_nothing_is_recorded():
+def _record_with_spies(monkeypatch) -> list[str]:
+    """Call :func:`record_property_test` on two results; return which Allure steps it took."""
+    taken: list[str] = []
+    monkeypatch.setattr(allure_report, "label_test", lambda results, **_: taken.append("labels"))
+    monkeypatch.setattr(allure_report, "attach_distributions", lambda name, results: taken.append("attachments"))
+    results = [synthetic_result("a", seed=1), synthetic_result("b", seed=2)]
+    allure_report.record_property_test("t", results, kernel="reference", device="cpu")
+    return taken
+
+
+def test_without_alluredir_nothing_is_recorded(monkeypatch):
     if allure_report.active():
         pytest.skip("this pytest run itself writes Allure results (--alluredir)")
-    allure_report.record_property_test("t", [], kernel="reference", device="cpu")
+    assert _record_with_spies(monkeypatch) == []
+
+
+def test_with_an_allure_listener_labels_and_attachments_are_recorded_once(monkeypatch):
+    """The positive control of the test above: the same call records when a listener is active."""
+    monkeypatch.setattr(allure_report, "active", lambda: True)
+    assert _record_with_spies(monkeypatch) == ["labels", "attachments"]
 
 
 def test_generate_html_refuses_missing_results_and_existing_output(tmp_path, allure_results):

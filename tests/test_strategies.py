@@ -26,7 +26,7 @@ FULL = Capabilities(dtypes={"cpu": ("float16", "bfloat16", "float32")}, head_dim
 NARROW = Capabilities(
     dtypes={"cpu": ("float32",)}, head_dims=(16,), causal=False, window=False, gqa=False, backward=False
 )
-SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=70, max_head_dim=64)
+SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=70, max_head_dim=64, common_head_dim=64)
 QUICK = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 SEARCH = settings(max_examples=3000, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 
@@ -53,6 +53,8 @@ BAD_CALLS = {
     "cases-gqa-missing": lambda: cases.case_specs(capabilities=NARROW, device="cpu", min_group=2),
     "cases-masked-not-bool": lambda: cases.case_specs(capabilities=FULL, device="cpu", masked=1),
     "limits-zero-seqlen": lambda: Limits(max_seqlen=0),
+    "limits-common-head-dim-above-max": lambda: Limits(max_head_dim=32),
+    "head-dims-common-above-max": lambda: shapes.head_dims(capabilities=FULL, max_value=64, common_max=128),
     "profile-unknown": lambda: profiles.get("weekly"),
 }
 
@@ -180,12 +182,18 @@ def test_dtype_overflow_reaches_float16_range_with_separated_keys():
     assert float((top2[..., 0] - top2[..., 1]).min()) > 8
 
 
-def test_rescale_storm_raises_the_row_max_at_almost_every_key():
-    scores = _scores(_spec("rescale-storm", "float32", seqlen_k=64))
-    rises = (scores[..., 1:] > scores[..., :-1]).double().mean()
-    assert float(rises) > 0.95
-    totals = scores[..., -1] - scores[..., 0]
-    assert float(totals.min()) < 1.5 and float(totals.max()) > 8
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_rescale_storm_rises_span_every_binade_down_to_below_float32_resolution(dtype):
+    """Rises of the running max from the score level down to 2^-25 of it, each binade drawn; with
+    float64 inputs every step is a strict rise (float32 rounding hides the smallest ones)."""
+    scores = _scores(_spec("rescale-storm", dtype, seqlen_q=40, seqlen_k=64))
+    level = scores[..., 0].abs()
+    relative = (scores[..., -1] - scores[..., 0]) / level
+    drawn = set(torch.floor(torch.log2(relative[relative > 0])).int().tolist())
+    assert set(range(-25, 0)) <= drawn
+    assert float((scores[..., -1] - scores[..., 0]).max()) > 8
+    if dtype == "float64":
+        assert bool((scores[..., 1:] > scores[..., :-1]).all())
 
 
 def test_exact_ties_repeat_scores_bit_for_bit():
@@ -230,6 +238,36 @@ def test_dp_cancellation_makes_dp_minus_d_tiny_relative_to_dp():
 def test_visible_mask_agrees_with_rows_without_keys():
     visible = visible_mask(7, 3, causal=True)
     assert masks.rows_without_keys(7, 3, (True, (UNBOUNDED, UNBOUNDED))) == int((~visible.any(1)).sum()) == 4
+
+
+REFERENCE_LIKE = Capabilities(dtypes={"cpu": ("float32",), "cuda": ("float32",)}, head_dims=tuple(range(1, 513)))
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("profile", sorted(profiles.PROFILES))
+def test_every_profile_reaches_head_dim_256_on_every_device(profile, device):
+    """Kernels split head dims above 128 into chunks: every profile must draw past 128, up to 256."""
+    limits = profiles.get(profile).limits(device)
+    assert limits.max_head_dim >= 256
+    strategy = shapes.head_dims(
+        capabilities=REFERENCE_LIKE, device=device, max_value=limits.max_head_dim, common_max=limits.common_head_dim
+    )
+    assert find(strategy, lambda head_dim: head_dim > 128, settings=SEARCH) == 129
+    assert find(strategy, lambda head_dim: head_dim == 256, settings=SEARCH) == 256
+
+
+def test_large_head_dims_are_drawn_rarely():
+    """One example in LARGE_HEAD_DIM_ODDS draws above common_max, so the CPU budget holds."""
+    drawn = []
+
+    @settings(max_examples=400, derandomize=True, database=None, deadline=None)
+    @given(shapes.head_dims(capabilities=REFERENCE_LIKE, max_value=256, common_max=64))
+    def draw(head_dim):
+        drawn.append(head_dim)
+
+    draw()
+    large = sum(head_dim > 64 for head_dim in drawn) / len(drawn)
+    assert 0.5 / shapes.LARGE_HEAD_DIM_ODDS < large < 2 / shapes.LARGE_HEAD_DIM_ODDS
 
 
 @given(data=st.data())

@@ -185,31 +185,52 @@ def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     return q, k, v, dout
 
 
+#: Binades of the running maximum's rise that ``rescale-storm`` draws, relative to the
+#: score level: from 2^0 down to 2^-30, below float32's resolution 2^-24 (and far above
+#: float64's 2^-53), so rises that a float32 kernel cannot even resolve occur too.
+RESCALE_RISE_BINADES: tuple[int, int] = (-30, 0)
+
+
+def _orthonormal_pair(spec: "CaseSpec", rng: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """``(a_q, a_kv, b_q, b_kv)``: orthonormal ``a``, ``b`` per (batch, kv head), the ``_q`` copies
+    repeated over each group's query heads (broadcastable against q, the ``_kv`` ones against k)."""
+    first = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
+    second = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
+    first = first / first.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    second = second - (second * first).sum(dim=-1, keepdim=True) * first
+    second = second / second.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    group = spec.heads_q // spec.heads_kv
+    return first.repeat_interleave(group, dim=2), first, second.repeat_interleave(group, dim=2), second
+
+
 @register("rescale-storm")
 def rescale_storm(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
-    """Scores rise with every key index, so the row max rises in every key block.
+    """Scores rise with every key index, by amounts from ``|level|`` down to ``2^-30 |level|``.
 
-    Keys are ``k_j = c_j u`` with ``c_j`` increasing in ``j``; each query row has
-    a gain that makes its total rise over the keys either small (1/16 to 1) or
-    large (8 to 40).  Every step of the online softmax then finds a new maximum
-    and must rescale its accumulators by exp(m_old - m_new) (FA2 Algorithm 1
-    lines 9-10), by factors just below 1 on some rows and far below 1 on
-    others.  Bug class: a skipped, doubled or misplaced rescale, or one applied
-    to only one of the accumulators (O or l).
+    Row ``i`` scores key ``j`` as ``S_ij = L_i + R_i j / (seqlen_k - 1)``: a level
+    ``|L_i|`` in [1, 40] of either sign, and a total rise ``R_i = 2^x |L_i|``
+    with ``x`` uniform over :data:`RESCALE_RISE_BINADES` (queries
+    ``q_i = (L_i a + R_i b) / scale``, keys ``k_j = a + (j / (seqlen_k - 1)) b``
+    for orthonormal ``a``, ``b``).  Every step of the online softmax then finds
+    a new maximum and must rescale its accumulators by exp(m_old - m_new) (FA2
+    Algorithm 1 lines 9-10): by factors far below 1 on rows with large rises
+    and within one rounding of 1 on rows whose rise is below the
+    accumulator's resolution.  Bug class: a skipped, doubled or misplaced
+    rescale, one applied to only one of the accumulators (O or l), or one
+    skipped when the rise looks negligible (exp(-x) taken as 1 for small x),
+    which is wrong by about x in every row where it happens.
     """
-    u_q, u_kv = _directions(spec, rng)
+    a_q, a_kv, b_q, b_kv = _orthonormal_pair(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
-    positions = torch.arange(spec.seqlen_k, dtype=_FLOAT64)
-    ramp = positions / max(spec.seqlen_k - 1, 1)
-    key_gain = ramp.view(1, -1, 1, 1).expand(spec.batch, spec.seqlen_k, spec.heads_kv, 1)
-    large = torch.rand((spec.batch, spec.seqlen_q, spec.heads_q, 1), generator=rng) < 0.5
-    rise = torch.where(
-        large,
-        _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 8.0, 40.0),
-        _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 1.0 / 16, 1.0),
-    )
-    q = (rise / spec.scale) * u_q + 0.25 * _orthogonal_noise(q_shape, u_q, rng)
-    k = key_gain * u_kv
+    ramp = torch.arange(spec.seqlen_k, dtype=_FLOAT64) / max(spec.seqlen_k - 1, 1)
+    k = a_kv + ramp.view(1, -1, 1, 1) * b_kv
+    row_shape = (spec.batch, spec.seqlen_q, spec.heads_q, 1)
+    sign = torch.randint(2, row_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    level = sign * _uniform(row_shape, rng, 1.0, 40.0)
+    rise = level.abs() * torch.exp2(_uniform(row_shape, rng, *RESCALE_RISE_BINADES))
+    noise = _orthogonal_noise(q_shape, a_q, rng)
+    noise = noise - (noise * b_q).sum(dim=-1, keepdim=True) * b_q
+    q = (level * a_q + rise * b_q) / spec.scale + 0.25 * noise
     v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
     dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
     return q, k, v, dout

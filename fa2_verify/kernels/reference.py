@@ -228,6 +228,10 @@ class TiledAttention:
         """The running max that P~ is taken against (line 9): the updated one."""
         return m_new
 
+    def _rescale_factor(self, m_old: torch.Tensor, m_new: torch.Tensor) -> torch.Tensor:
+        """``α = exp(m_old - m_new)`` (line 9), by which ``ℓ`` and ``O`` are rescaled."""
+        return torch.exp(m_old - self._guard_max(m_new))
+
     def _rescale_accumulator(self, o: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
         """``diag(factor) O`` (line 10)."""
         return o * factor.unsqueeze(-1)
@@ -239,6 +243,14 @@ class TiledAttention:
     def _delta(self, dout: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``D = rowsum(dO ∘ O)`` (Algorithm 2, line 4)."""
         return (dout * out).sum(dim=-1)
+
+    def _score_gradient(self, p: torch.Tensor, dp: torch.Tensor, delta: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """``dS = P ∘ (dP - D)`` (line 14) from the ``acc`` precision ``P``, rounded to ``dtype``."""
+        return (p * (dp - delta)).to(dtype)
+
+    def _key_gradient(self, ds: torch.Tensor, q_i: torch.Tensor) -> torch.Tensor:
+        """``dS^T Q_i``, one query block's term of ``dK_j`` (line 16)."""
+        return ds.transpose(-1, -2) @ q_i
 
     def _add_dq(self, dq: torch.Tensor, rows: slice, update: torch.Tensor, key_block: int, num_key_blocks: int) -> None:
         """``dQ_i += dS K_j`` (line 15), the accumulation across key blocks."""
@@ -282,7 +294,7 @@ class TiledAttention:
             cols = tiles.cols(j)
             s = tiles.masked((q_i @ kh[:, :, cols].transpose(-1, -2)) * softmax_scale, i, j)
             m_new = torch.maximum(m, s.amax(dim=-1))
-            alpha = torch.exp(m - self._guard_max(m_new))
+            alpha = self._rescale_factor(m, m_new)
             p = torch.exp(s - self._guard_max(self._probability_max(m, m_new)).unsqueeze(-1))
             l_new = alpha * l + p.sum(dim=-1)
             pv = p.to(dtype).to(q_i.dtype) @ vh[:, :, cols]
@@ -330,9 +342,9 @@ class TiledAttention:
                 p = torch.exp(s - lse_h[:, :, rows].unsqueeze(-1))
                 dv_j += p.to(q.dtype).to(acc).transpose(-1, -2) @ do_i
                 dp = do_i @ v_j.transpose(-1, -2)
-                ds = (p * (dp - delta[:, :, rows].unsqueeze(-1))).to(q.dtype).to(acc)
+                ds = self._score_gradient(p, dp, delta[:, :, rows].unsqueeze(-1), q.dtype).to(acc)
                 self._add_dq(dq_acc, rows, ds @ k_j, j, tiles.num_k)
-                dk_j += ds.transpose(-1, -2) @ q_i
+                dk_j += self._key_gradient(ds, q_i)
             dk[:, cols] = (self._reduce_heads(dk_j, kv_heads, heads_kv) * softmax_scale).transpose(1, 2).to(k.dtype)
             dv[:, cols] = self._reduce_heads(dv_j, kv_heads, heads_kv).transpose(1, 2).to(v.dtype)
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)

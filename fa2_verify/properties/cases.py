@@ -95,7 +95,9 @@ def case_specs(
         raise UsageError("deterministic=True: the kernel has no deterministic backward; leave deterministic=False")
     dtype_strategy = inputs.dtypes(capabilities=capabilities, device=device, include=dtypes)
     generator_strategy = inputs.generator_names(include=generators)
-    head_dim_strategy = shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim)
+    head_dim_strategy = shapes.head_dims(
+        capabilities=capabilities, device=device, max_value=limits.max_head_dim, common_max=limits.common_head_dim
+    )
     heads_strategy = shapes.head_counts(
         max_heads_kv=limits.max_heads_kv,
         max_group=limits.max_group,

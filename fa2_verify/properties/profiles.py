@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from fa2_verify.properties.validation import check_int
+from fa2_verify.properties.validation import check_int, check_order
 from fa2_verify.core.errors import UsageError
 
 
@@ -51,13 +51,21 @@ class Limits:
     memory, :func:`verify.scale_cases.footprint`) are the per-example budget
     of a profile whose lengths alone could exceed it: a drawn case over
     budget is cut down (:func:`properties.cases.fit_budget`).  ``None``: no budget.
+
+    Head dims up to ``common_head_dim`` are drawn in most examples, the larger
+    ones up to ``max_head_dim`` in one example in
+    :data:`properties.shapes.LARGE_HEAD_DIM_ODDS` (the golden's and the
+    kernel's cost grows linearly with the head dim).  Every profile reaches
+    256 on every device: kernels split head dims above 128 into chunks, and a
+    chunk's bug shows nowhere else.
     """
 
     max_batch: int = 2
     max_heads_kv: int = 2
     max_group: int = 3
     max_seqlen: int = 80
-    max_head_dim: int = 64
+    max_head_dim: int = 256
+    common_head_dim: int = 64
     max_work: int | None = None
     max_bytes: int | None = None
 
@@ -65,6 +73,7 @@ class Limits:
         for field in dataclasses.fields(self):
             if getattr(self, field.name) is not None or field.name not in ("max_work", "max_bytes"):
                 check_int(field.name, getattr(self, field.name), min_value=1)
+        check_order("common_head_dim", self.common_head_dim, "max_head_dim", self.max_head_dim)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,8 +107,8 @@ SCALE_MAX_WORK = 2**40
 #: metamorphic relation runs the kernel on up to a few variants of the case.
 SCALE_MAX_BYTES = 20 * 10**9
 
-_SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=72, max_head_dim=64)
-_GPU = Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=160, max_head_dim=128)
+_SMALL = Limits(max_batch=2, max_heads_kv=2, max_group=3, max_seqlen=72, max_head_dim=256, common_head_dim=64)
+_GPU = Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=160, max_head_dim=256, common_head_dim=128)
 
 PROFILES: dict[str, Profile] = {
     profile.name: profile
@@ -119,8 +128,8 @@ PROFILES: dict[str, Profile] = {
             "many random examples and larger shapes, with the example database",
             1000,
             False,
-            Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=136, max_head_dim=64),
-            Limits(max_batch=3, max_heads_kv=3, max_group=4, max_seqlen=300, max_head_dim=256),
+            Limits(max_batch=2, max_heads_kv=2, max_group=4, max_seqlen=136, max_head_dim=256, common_head_dim=64),
+            Limits(max_batch=3, max_heads_kv=3, max_group=4, max_seqlen=300, max_head_dim=256, common_head_dim=256),
         ),
         Profile(
             "scale",
@@ -134,6 +143,7 @@ PROFILES: dict[str, Profile] = {
                 max_group=8,
                 max_seqlen=131072,
                 max_head_dim=256,
+                common_head_dim=256,
                 max_work=SCALE_MAX_WORK,
                 max_bytes=SCALE_MAX_BYTES,
             ),

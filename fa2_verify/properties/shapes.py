@@ -96,8 +96,18 @@ def head_counts(
     return pairs.filter(lambda heads: heads[0] >= min_heads_q) if min_heads_q > 1 else pairs
 
 
-def head_dims(*, capabilities: Capabilities, device: str = "cpu", max_value: int = 64) -> st.SearchStrategy[int]:
-    """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first."""
+#: One example in this many draws its head dim above the profile's ``common_head_dim``.
+LARGE_HEAD_DIM_ODDS = 8
+
+
+def head_dims(
+    *, capabilities: Capabilities, device: str = "cpu", max_value: int = 256, common_max: int | None = None
+) -> st.SearchStrategy[int]:
+    """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first.
+
+    With ``common_max``, the dims above it are drawn one time in
+    :data:`LARGE_HEAD_DIM_ODDS` and shrink toward the dims at or below it.
+    """
     check_int("max_value", max_value, min_value=1)
     declared = capabilities.head_dims_on(device)
     supported = sorted(d for d in declared if d <= max_value)
@@ -106,7 +116,16 @@ def head_dims(*, capabilities: Capabilities, device: str = "cpu", max_value: int
             f"max_value={max_value} excludes every head dim the kernel supports on {device} "
             f"({min(declared)}..{max(declared)}): raise max_value"
         )
-    return st.sampled_from(supported)
+    if common_max is None:
+        return st.sampled_from(supported)
+    check_int("common_max", common_max, min_value=1, max_value=max_value)
+    common = [d for d in supported if d <= common_max]
+    large = [d for d in supported if d > common_max]
+    if not common or not large:
+        return st.sampled_from(supported)
+    return st.integers(0, LARGE_HEAD_DIM_ODDS - 1).flatmap(
+        lambda ticket: st.sampled_from(large if ticket == LARGE_HEAD_DIM_ODDS - 1 else common)
+    )
 
 
 def batches(*, min_value: int = 1, max_value: int = 2) -> st.SearchStrategy[int]:

@@ -40,7 +40,11 @@ def varlen_specs(
         causal, window_size = draw(
             masks.masks(seqlen_q=longest_q, seqlen_k=longest_k, causal=capabilities.causal, window=capabilities.window)
         )
-        head_dim = draw(shapes.head_dims(capabilities=capabilities, device=device, max_value=limits.max_head_dim))
+        head_dim = draw(
+            shapes.head_dims(
+                capabilities=capabilities, device=device, max_value=limits.max_head_dim, common_max=limits.common_head_dim
+            )
+        )
         dtype = draw(inputs.dtypes(capabilities=capabilities, device=device, include=dtypes))
         # the per-example budget, on the padded batch that holds every sequence
         padded = fit_budget(

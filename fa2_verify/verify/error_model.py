@@ -9,7 +9,8 @@ rescales by ``exp(m_old - m_new)``, divides by ``l`` and rounds ``O`` to the
 dtype; ``LSE = m + log l`` in float32.  Algorithm 2 (backward) recomputes
 ``P = exp(S - LSE)`` from the stored float32 LSE, forms ``dV = P^T dO``
 (``P`` rounded to the dtype), ``dP = dO V^T``, ``D = rowsum(dO * O)`` from the
-*rounded* output, ``dS = P * (dP - D)`` rounded to the dtype, and
+*rounded* output, ``dS = P * (dP - D)`` (with ``P`` in float32 or, as PyTorch's
+memory-efficient kernel does, rounded to the dtype) rounded to the dtype, and
 ``dQ = scale * dS K``, ``dK = scale * dS^T Q``, all accumulated in float32.
 
 Every magnitude in the bounds (``sum_j P_ij |V_jc|`` and the like) is a
@@ -158,7 +159,7 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
     * (4) backward P    ``E_ij = Delta_ij + B^L_i + u_a (|S_ij| + |LSE_i|)``
     * (5) D             ``B^D_i = sum_c |dO_ic| B^O_ic + gamma_d sum_c |dO_ic| |O_ic|``
     * (6) dS            ``B^dS_ij = P_ij (E_ij |dP_ij - D_i| + gamma_d sum_c |dO_ic| |V_jc| + B^D_i)
-      + (u + 2 u_a) |dS_ij| + (eta + eta_a (|dP_ij - D_i| + 2d + 2)) [j visible from i]``
+      + (2 u + 2 u_a) |dS_ij| + (eta + (eta + eta_a) |dP_ij - D_i| + eta_a (2d + 2)) [j visible from i]``
     * (7) dV            ``B^dV_jc = sum_(h,i) (P_ij (E_ij + u) + (eta + eta_a) [visible]) |dO_ic|
       + (gamma_{N_j+G} + u_G) sum_(h,i) P_ij |dO_ic| + u |dV_jc| + eta_G + 3 (N_j + G) eta_a [N_j > 0]``,
       ``u_G = u`` and ``eta_G = eta + G eta [N_j > 0]`` if ``G > 1``, else 0 and ``eta``
@@ -278,8 +279,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                 # (6)
                 b_ds = (
                     p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[..., None])
-                    + (u + 2 * u_a) * ds_abs
-                    + (eta + eta_a * (centered + 2 * head_dim + 2)) * seen
+                    + (2 * u + 2 * u_a) * ds_abs
+                    + (eta + (eta + eta_a) * centered + eta_a * (2 * head_dim + 2)) * seen
                 )
                 # (8)
                 bound_dq[b, rows, heads] = (
