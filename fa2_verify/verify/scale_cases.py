@@ -83,7 +83,8 @@ def footprint(spec: CaseSpec) -> int:
     """Peak device bytes of verifying ``spec`` (docs/benchmarks.md, "Scale").
 
     The inputs (q, k, v and dout, in the case dtype), the kernel's outputs
-    twice (they are cloned after the call), and the larger of two phases: the
+    twice (they are cloned after the call) and, with a backward, the copies of
+    ``out`` and ``lse`` the backward is handed, and the larger of two phases: the
     golden (float64 copies of its inputs and its float64 outputs) and the
     comparison (the golden's outputs and the error model's bounds, both
     float64, the dK/dV accumulators of the bounds, and :data:`WORK_BYTES`).
@@ -105,4 +106,5 @@ def footprint(spec: CaseSpec) -> int:
         accumulators = 0
     golden_phase = golden_inputs + golden_outputs
     comparison_phase = 2 * golden_outputs + accumulators + WORK_BYTES
-    return inputs + 2 * outputs + max(golden_phase, comparison_phase)
+    handed = q * size + 4 * rows if spec.backward else 0
+    return inputs + 2 * outputs + handed + max(golden_phase, comparison_phase)
