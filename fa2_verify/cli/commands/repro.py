@@ -33,12 +33,10 @@ def parse_case(text: str) -> CaseSpec:
         raise UsageError(
             f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
         ) from None
-    if not isinstance(record, dict):
-        raise UsageError(f"--case must be a JSON object, got {type(record).__name__}: pass a failure's case spec")
     try:
         return CaseSpec.from_dict(record)
-    except TypeError as exc:
-        raise UsageError(f"--case is not a complete case spec ({exc}): pass a failure's case spec") from None
+    except UsageError as exc:
+        raise UsageError(f"--case: {exc}") from None
 
 
 def _details(result: CaseResult) -> list[str]:
