@@ -4,7 +4,9 @@
 reproduction line (:meth:`core.case.CaseSpec.reproduction`).  Prints the
 case's table row(s), every metric's quantiles per output, and the failure
 description of each failing output.  Exit status: 0 passed, 1 failed or the
-kernel raised, 2 (one line on stderr) for bad arguments or an unsupported case.
+kernel raised, 2 (one line on stderr) for bad arguments, an unsupported case, or a
+case larger than the memory free (:func:`verify.memory.require_fits`, checked
+before anything is allocated).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.verify.check import check_case
+from fa2_verify.verify.memory import require_fits
 from fa2_verify.cli.commands.run import add_target_arguments, failure_descriptions, format_table, resolve_target
 from fa2_verify.core.errors import UnsupportedCase, UsageError
 from fa2_verify.verify.results import CaseResult
@@ -63,6 +66,7 @@ def _details(result: CaseResult) -> list[str]:
 def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device)
     spec = parse_case(args.case)
+    require_fits(spec, args.device)
     result = check_case(kernel, make_case(spec, args.device))
     if result.status == "unsupported":
         raise UnsupportedCase(

@@ -1,0 +1,234 @@
+"""The size guard: a case's memory, estimated from its spec before anything is allocated.
+
+Every entry that builds cases calls :func:`require_fits` first: ``run``,
+``baseline`` and ``gate`` through :func:`verify.check.run_cases`, ``repro``,
+and the property suite (``properties.verdicts.introduce``).  A case larger
+than the memory free on its device (or in host RAM) is refused in one line
+that gives the estimate, where it goes, and the memory free, instead of a
+traceback or a kernel error after minutes of work.
+
+The estimate follows :func:`verify.check.check_case` stage by stage and, for
+each stage, adds the buffers alive at its peak (including what earlier stages
+hold); the answer is the largest stage.  With ``s`` the dtype's size in bytes,
+``Q = batch*seqlen_q*heads_q*head_dim`` and ``K = batch*seqlen_k*heads_kv*head_dim``
+elements, ``R = batch*heads_q*seqlen_q`` rows and
+``P = batch*heads_q*seqlen_q*seqlen_k`` scores:
+
+* *inputs* (host, then device): the float64 draws ``8 (2Q + 2K)`` with the
+  generator's temporaries, then the inputs ``s (2Q + 2K)`` on the device;
+* *kernel* (device): the inputs' bit copies, the outputs and their clones,
+  ``s (2Q + 2K) + 2 (s (2Q + 2K) + 4R)``;
+* *golden* (host, :mod:`golden.fast`): float64 inputs and outputs, each in two
+  layouts, the ``seqlen_q x seqlen_k`` bool visibility mask, one row block of
+  about ``BLOCK_ELEMENTS`` scores (at least one row), and, where mpmath may
+  serve the case, its mpf weights (``2 P / batch`` of them);
+* *error model* (host, :mod:`verify.error_model`): float64 copies of the
+  inputs, the bounds, the ``seqlen_q x seqlen_k`` mask in bool and float64,
+  one chunk of about ``WORK_ELEMENTS`` scores (at least one row);
+* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
+  full ``P``-element score matrices in the dtype, with their gradients;
+* *comparison* (host, :func:`verify.metrics.compare`): float64 work arrays of
+  the largest output.
+
+Nothing else is ``P``-sized: the golden and the error model work in row
+blocks, so a 128k-token case costs them its inputs, outputs and masks, not a
+``seqlen_q x seqlen_k`` float64 matrix per head.
+
+The kernel's own workspace is not counted (it is the kernel's business, and a
+FlashAttention kernel's is a few row vectors); only its outputs are.  On the
+CPU the device is host RAM, and both are one budget.  The counts of
+simultaneous copies (``*_COPIES``) were read from the code and checked against
+measured peaks (``tests/test_memory.py``), which fails when the estimate no
+longer covers the measured peak or overstates it several times, e.g. after a
+stage starts working in blocks: update the stage here with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import torch
+
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.errors import CaseTooLarge
+from fa2_verify.golden.fast import BLOCK_ELEMENTS
+from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
+from fa2_verify.verify.error_model import WORK_ELEMENTS
+
+FLOAT64 = 8
+
+#: Float64 temporaries of the size of the largest input that a value generator
+#: holds besides its four results (:mod:`core.values`: noise, masks, ``where``).
+GENERATOR_COPIES = 4
+
+#: Float64 temporaries per element of a golden row block (:mod:`golden.fast`:
+#: the score pair, logits, exponentials, P, dP pair, shifted dP, dS, and the
+#: products of :func:`golden.eft.dd_matmul`; measured 8 to 9 with tracemalloc).
+GOLDEN_BLOCK_COPIES = 12
+
+#: Bytes of one mpmath number at 113 bits with its list slot (measured: 232 + 8).
+MPF_BYTES = 256
+
+#: Float64 temporaries per element of an error-model chunk (:mod:`verify.error_model`:
+#: logits and their absolute value, magnitudes, P, Delta, P Delta, P's error,
+#: dP, |dP - D|, |dS|, dS's bound and the temporaries of the expressions forming
+#: them; the peak resident memory measured up to 29 with the allocator's reuse).
+ERROR_MODEL_CHUNK_COPIES = 32
+
+#: Score matrices of ``P`` elements in the dtype alive at once in the naive
+#: attention with its autograd backward (:mod:`verify.lowprec`: the scores,
+#: scaled, masked, softmax, masked again, and their gradients; 2 to 3 measured
+#: on the CPU).
+LOWPREC_SCORE_COPIES = 4
+
+#: Float64 arrays of an output's size alive while it is compared
+#: (:func:`verify.metrics.compare`: actual, error, normalized, ULPs, relative,
+#: magnitudes, sorted copies for the quantiles, the naive output's errors).
+COMPARE_COPIES = 14
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Bytes alive at one stage's peak: on the case's device, and in host RAM besides."""
+
+    name: str
+    device: int
+    host: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The stages of one case, and their peaks."""
+
+    stages: tuple[Stage, ...]
+
+    @property
+    def device(self) -> int:
+        return max(stage.device for stage in self.stages)
+
+    @property
+    def host(self) -> int:
+        return max(stage.host for stage in self.stages)
+
+    @property
+    def combined(self) -> int:
+        """The peak when device and host are one memory (the CPU)."""
+        return max(stage.device + stage.host for stage in self.stages)
+
+    def largest(self, on_cpu: bool) -> Stage:
+        return max(self.stages, key=lambda stage: stage.device + stage.host if on_cpu else stage.device)
+
+
+def _block(limit: int, spec: CaseSpec) -> int:
+    """Scores in one row block: ``max(1, limit // seqlen_k)`` rows (at most ``seqlen_q``) of ``seqlen_k`` keys."""
+    return min(max(1, limit // max(spec.seqlen_k, 1)), spec.seqlen_q) * spec.seqlen_k
+
+
+def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Estimate:
+    """The memory of :func:`verify.check.check_case` on ``spec`` (see the module docstring for the terms)."""
+    options = golden_options or GoldenOptions()
+    size = spec.torch_dtype.itemsize
+    queries = spec.batch * spec.seqlen_q * spec.heads_q * spec.head_dim
+    keys = spec.batch * spec.seqlen_k * spec.heads_kv * spec.head_dim
+    rows = spec.batch * spec.heads_q * spec.seqlen_q
+    scores = rows * spec.seqlen_k
+    mask = spec.seqlen_q * spec.seqlen_k
+    gradients = spec.backward
+
+    inputs = size * (2 * queries + 2 * keys)
+    outputs = size * queries + 4 * rows + (size * (queries + 2 * keys) if gradients else 0)
+    golden_inputs = FLOAT64 * (queries * (2 if gradients else 1) + 2 * keys)
+    golden_outputs = FLOAT64 * (queries + 2 * rows + ((queries + 2 * keys) if gradients else 0))
+    bounds = golden_outputs
+    held_device = inputs + outputs
+
+    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS, spec)
+    golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
+    golden_work = 2 * golden_inputs + 2 * golden_outputs + 3 * mask + golden_block + golden_rows
+    work = scores * spec.head_dim
+    if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
+        golden_work += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
+
+    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(WORK_ELEMENTS, spec)
+    error_model_work = golden_inputs + 2 * bounds + (3 + FLOAT64) * mask + chunk
+
+    naive_outputs = outputs
+    naive_work = size * (LOWPREC_SCORE_COPIES * scores + 4 * spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim)
+    largest_output = max(queries, keys if gradients else 0, rows)
+    compare_work = COMPARE_COPIES * FLOAT64 * largest_output
+
+    return Estimate(
+        (
+            Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
+            Stage("kernel", inputs + 2 * held_device, 0),
+            Stage("golden", held_device, golden_work),
+            Stage("error model", held_device, golden_outputs + error_model_work),
+            Stage("naive attention", held_device + naive_outputs + naive_work, golden_outputs + bounds),
+            Stage("comparison", held_device + naive_outputs, golden_outputs + bounds + compare_work),
+        )
+    )
+
+
+def _meminfo_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (Linux), else ``None``."""
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def free_memory(device: str | torch.device) -> int:
+    """Bytes that a case may still take on ``device``.
+
+    CPU: ``MemAvailable`` (free memory plus reclaimable caches), else free
+    physical pages.  CUDA: ``torch.cuda.mem_get_info``'s free memory plus what
+    PyTorch's caching allocator holds reserved but unused.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    available = _meminfo_available()
+    if available is None:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return available
+
+
+def _bytes(count: float) -> str:
+    """``3.2 GiB``-style size."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    index = 0
+    while count >= 1024 and index < len(units) - 1:
+        count /= 1024
+        index += 1
+    return f"{count:.4g} {units[index]}"
+
+
+def require_fits(spec: CaseSpec, device: str | torch.device, golden_options: GoldenOptions | None = None) -> None:
+    """Raise :class:`CaseTooLarge` when ``spec`` needs more memory than ``device`` (or the host) has free."""
+    device = torch.device(device)
+    needed = estimate(spec, golden_options)
+    label = spec.name or "the case"
+    shape = (
+        f"batch={spec.batch}, seqlen_q={spec.seqlen_q}, seqlen_k={spec.seqlen_k}, heads_q={spec.heads_q}, "
+        f"heads_kv={spec.heads_kv}, head_dim={spec.head_dim}, {spec.dtype}"
+    )
+    fix = "use a smaller batch, sequence length, head count or head dim"
+    if device.type == "cpu":
+        checks = [("cpu", needed.combined, free_memory("cpu"), needed.largest(on_cpu=True).name)]
+    else:
+        checks = [
+            (str(device), needed.device, free_memory(device), needed.largest(on_cpu=False).name),
+            ("host RAM", needed.host, free_memory("cpu"), max(needed.stages, key=lambda stage: stage.host).name),
+        ]
+    for where, amount, free, stage in checks:
+        if amount > free:
+            raise CaseTooLarge(
+                f"{label} ({shape}) needs about {_bytes(amount)} on {where} (at its {stage} stage), "
+                f"{_bytes(free)} is free: {fix}"
+            )
