@@ -19,8 +19,13 @@ plus every case's verdict and the kernel's capabilities.  Layout
 ``jitter`` is the spread (max - min) of each quantile over ``repeats`` runs:
 zero for a deterministic kernel, the size of atomic-accumulation noise for a
 kernel such as a default-mode backward with atomic dQ.  The gate widens its
-margin by it.  Loading checks every field; anything missing or malformed is a
-:class:`~core.errors.BaselineError`, so the gate fails closed.
+margin by it.  Loading validates the whole file against its JSON Schema
+(:data:`SCHEMA_PATH`) and then the invariants a schema cannot state
+(:func:`baseline_from_dict`); :func:`require_coverage` checks, before the gate
+runs, that it holds every case and group of the corpus it gates.  Anything
+missing or malformed is a :class:`~core.errors.BaselineError` naming the
+field, so the gate fails closed; a baseline is validated the same way before
+it is written.
 """
 
 from __future__ import annotations
