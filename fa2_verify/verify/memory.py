@@ -37,10 +37,13 @@ blocks, so a 128k-token case costs them its inputs, outputs and masks, not a
 The kernel's own workspace is not counted (it is the kernel's business, and a
 FlashAttention kernel's is a few row vectors); only its outputs are.  On the
 CPU the device is host RAM, and both are one budget.  The counts of
-simultaneous copies (``*_COPIES``) were read from the code and checked against
-measured peaks (``tests/test_memory.py``), which fails when the estimate no
-longer covers the measured peak or overstates it several times, e.g. after a
-stage starts working in blocks: update the stage here with it.
+simultaneous copies (``*_COPIES``) were read from the code and compared with
+the resident-memory peaks of each stage run alone on the CPU (forked, so
+noisy: docs/design.md, "Cases and their size"); the golden's, whose numpy
+allocations ``tracemalloc`` counts exactly, is checked in
+``tests/test_memory.py``, which fails when the estimate no longer covers the
+measured peak or overstates it threefold, e.g. after the golden changes how it
+works in blocks: update its stage here with it.
 """
 
 from __future__ import annotations
@@ -74,14 +77,19 @@ MPF_BYTES = 256
 #: Float64 temporaries per element of an error-model chunk (:mod:`verify.error_model`:
 #: logits and their absolute value, magnitudes, P, Delta, P Delta, P's error,
 #: dP, |dP - D|, |dS|, dS's bound and the temporaries of the expressions forming
-#: them; the peak resident memory measured up to 29 with the allocator's reuse).
-ERROR_MODEL_CHUNK_COPIES = 32
+#: them; the peak resident memory measured up to 34 with the allocator's reuse).
+ERROR_MODEL_CHUNK_COPIES = 36
+
+#: Arrays of the outputs' sizes the error model holds besides the golden's:
+#: float64 copies of the inputs are counted apart; the four dK/dV accumulators,
+#: the bounds, and the temporaries of the final dK/dV expressions (eqs. 7 and 9).
+ERROR_MODEL_OUTPUT_COPIES = 5
 
 #: Score matrices of ``P`` elements in the dtype alive at once in the naive
 #: attention with its autograd backward (:mod:`verify.lowprec`: the scores,
-#: scaled, masked, softmax, masked again, and their gradients; 2 to 3 measured
-#: on the CPU).
-LOWPREC_SCORE_COPIES = 4
+#: scaled, masked, the softmax and its masked copy saved for the backward, and
+#: the gradients formed from them).
+LOWPREC_SCORE_COPIES = 6
 
 #: Float64 arrays of an output's size alive while it is compared
 #: (:func:`verify.metrics.compare`: actual, error, normalized, ULPs, relative,
@@ -152,7 +160,7 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
         golden_work += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
 
     chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(WORK_ELEMENTS, spec)
-    error_model_work = golden_inputs + 2 * bounds + (3 + FLOAT64) * mask + chunk
+    error_model_work = golden_inputs + ERROR_MODEL_OUTPUT_COPIES * bounds + (3 + FLOAT64) * mask + chunk
 
     naive_outputs = outputs
     naive_work = size * (LOWPREC_SCORE_COPIES * scores + 4 * spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim)
