@@ -13,6 +13,7 @@ import json
 import tracemalloc
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -108,3 +109,11 @@ def test_a_128k_token_case_counts_no_seqlen_squared_float64_buffer_in_the_golden
     )
     stages = {stage.name: stage for stage in memory.estimate(spec).stages}
     assert stages["golden"].host < memory.FLOAT64 * spec.seqlen_q * spec.seqlen_k
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_guard_reads_the_device_and_the_host_apart():
+    free = memory.free_memory("cuda")
+    assert 0 < free <= torch.cuda.get_device_properties(0).total_memory
+    with pytest.raises(CaseTooLarge, match=r"needs about .* on cuda \(at its naive attention stage\)"):
+        memory.require_fits(LONG, "cuda")
