@@ -26,7 +26,8 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   inputs, the bounds, the ``seqlen_q x seqlen_k`` mask in bool and float64,
   one chunk of about ``WORK_ELEMENTS`` scores (at least one row);
 * *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
-  full ``P``-element score matrices in the dtype, with their gradients;
+  full ``P``-element score matrices in the dtype, with their gradients, and
+  the inputs' clones, K and V repeated over the query heads and their gradients;
 * *comparison* (host, :func:`verify.metrics.compare`): float64 work arrays of
   the largest output.
 
@@ -163,14 +164,15 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
     error_model_work = golden_inputs + ERROR_MODEL_OUTPUT_COPIES * bounds + (3 + FLOAT64) * mask + chunk
 
     naive_outputs = outputs
-    naive_work = size * (LOWPREC_SCORE_COPIES * scores + 4 * spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim)
+    repeated_keys = spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim
+    naive_work = size * (LOWPREC_SCORE_COPIES * scores + queries + 2 * keys + 4 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * largest_output
 
     return Estimate(
         (
             Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
-            Stage("kernel", inputs + 2 * held_device, 0),
+            Stage("kernel", 2 * inputs + 2 * outputs, 0),
             Stage("golden", held_device, golden_work),
             Stage("error model", held_device, golden_outputs + error_model_work),
             Stage("naive attention", held_device + naive_outputs + naive_work, golden_outputs + bounds),
