@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from fa2_verify.cli import main as cli
@@ -98,3 +99,12 @@ def test_repro_and_corpus_add_refuse_a_bad_spec_in_one_line(changes, field, tmp_
     assert cli.main(["corpus", "add", "--corpus", str(path), "--case", case]) == 2
     assert f"{field}: " in capsys.readouterr().err
     assert path.read_text() == before
+
+
+def test_numpy_numbers_are_taken_as_python_numbers():
+    spec = CaseSpec.from_dict(
+        spec_with(batch=np.int64(2), seed=np.uint64(7), window_size=[np.int32(3), -1], softmax_scale=np.float32(0.5))
+    )
+    assert (spec.batch, spec.seed, spec.window_size, spec.softmax_scale) == (2, 7, (3, -1), 0.5)
+    assert all(type(value) in (int, float) for value in (spec.batch, spec.seed, *spec.window_size, spec.softmax_scale))
+    json.dumps(spec.to_dict())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -40,7 +41,9 @@ class CaseSpec:
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             _check_field(field.name, getattr(self, field.name))
-        object.__setattr__(self, "window_size", tuple(self.window_size))
+        for field in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "seed"):
+            object.__setattr__(self, field, int(getattr(self, field)))
+        object.__setattr__(self, "window_size", tuple(int(side) for side in self.window_size))
         if self.softmax_scale is not None:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
         if self.heads_q % self.heads_kv:
@@ -116,7 +119,8 @@ SEED_LIMIT = 2**64
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer (Python's or numpy's), not a bool: ``True`` is an int in Python but never a size."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_field(field: str, value: Any) -> None:
@@ -163,7 +167,7 @@ def _softmax_scale(value: Any) -> str | None:
     """
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return "must be a number > 0, or null for 1/sqrt(head_dim)"
     if not (math.isfinite(value) and value > 0):
         return (
