@@ -17,7 +17,8 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
 * *inputs* (host, then device): the float64 draws ``8 (2Q + 2K)`` with the
   generator's temporaries, then the inputs ``s (2Q + 2K)`` on the device;
 * *kernel* (device): the inputs' bit copies, the outputs and their clones,
-  ``s (2Q + 2K) + 2 (s (2Q + 2K) + 4R)``;
+  ``s (2Q + 2K) + 2 (s (2Q + 2K) + 4R)``, and an FA2 backward's float32 dQ
+  accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023, Algorithm 2 line 15);
 * *golden* (host, :mod:`golden.fast`): float64 inputs and outputs, each in two
   layouts, the ``seqlen_q x seqlen_k`` bool visibility mask, one row block of
   about ``BLOCK_ELEMENTS`` scores (at least one row), and, where mpmath may
@@ -35,8 +36,9 @@ Nothing else is ``P``-sized: the golden and the error model work in row
 blocks, so a 128k-token case costs them its inputs, outputs and masks, not a
 ``seqlen_q x seqlen_k`` float64 matrix per head.
 
-The kernel's own workspace is not counted (it is the kernel's business, and a
-FlashAttention kernel's is a few row vectors); only its outputs are.  On the
+Of the kernel's own workspace only what every FA2 backward needs is counted
+(the float32 dQ accumulator and ``D``); a kernel that needs more is the
+kernel's business.  On the
 CPU the device is host RAM, and both are one budget.  The counts of
 simultaneous copies (``*_COPIES``) were read from the code and compared with
 the resident-memory peaks of each stage run alone on the CPU (forked, so
@@ -62,6 +64,7 @@ from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from fa2_verify.verify.error_model import WORK_ELEMENTS
 
 FLOAT64 = 8
+FLOAT32 = 4
 
 #: Float64 temporaries of the size of the largest input that a value generator
 #: holds besides its four results (:mod:`core.values`: noise, masks, ``where``).
@@ -152,6 +155,7 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
     golden_outputs = FLOAT64 * (queries + 2 * rows + ((queries + 2 * keys) if gradients else 0))
     bounds = golden_outputs
     held_device = inputs + outputs
+    workspace = FLOAT32 * (queries + rows) if gradients else 0
 
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS, spec)
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
@@ -172,7 +176,7 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
     return Estimate(
         (
             Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
-            Stage("kernel", 2 * inputs + 2 * outputs, 0),
+            Stage("kernel", 2 * inputs + 2 * outputs + workspace, 0),
             Stage("golden", held_device, golden_work),
             Stage("error model", held_device, golden_outputs + error_model_work),
             Stage("naive attention", held_device + naive_outputs + naive_work, golden_outputs + bounds),
