@@ -91,43 +91,145 @@ def _valid_text_with(change) -> str:
         pytest.param(None, "does not exist", id="missing"),
         pytest.param('{"schema": ', "corrupt: not valid JSON", id="truncated"),
         pytest.param("[]", "not a fa2-verify/baseline file", id="not-an-object"),
-        pytest.param(json.dumps({"schema": "fa2-verify/tolerance"}), "not a fa2-verify/baseline file", id="other-schema"),
+        pytest.param(
+            json.dumps({"schema": "fa2-verify/tolerance"}),
+            "not a fa2-verify/baseline file",
+            id="other-schema",
+        ),
         pytest.param(_set(["schema_version"], 2), "schema_version=2, this fa2-verify reads 1", id="schema-version"),
         pytest.param(_delete(["corpus"]), "(baseline: 'corpus' is a required property)", id="no-corpus"),
-        pytest.param(_set(["colour"], 1), "baseline: Additional properties are not allowed ('colour'", id="unknown-field"),
+        pytest.param(
+            _set(["colour"], 1),
+            "baseline: Additional properties are not allowed ('colour'",
+            id="unknown-field",
+        ),
         pytest.param(_set(["corpus", "digest"], "abc"), "corpus.digest: 'abc' does not match", id="digest"),
         pytest.param(_set(["repeats"], -5), "repeats: -5 is less than the minimum of 1", id="repeats-negative"),
         pytest.param(_set(["repeats"], 2.5), "repeats: 2.5 is not of type 'integer'", id="repeats-float"),
         pytest.param(_set(["dtypes"], []), "dtypes: [] should be non-empty", id="dtypes-empty"),
         pytest.param(_set(["capabilities"], []), "capabilities: [] is not of type 'object'", id="capabilities"),
-        pytest.param(_set(["capabilities", "dtypes"], {}), "capabilities.dtypes: {} should be non-empty", id="capabilities-dtypes-empty"),
-        pytest.param(_set(["capabilities", "dtypes"], "cpu"), "capabilities.dtypes: 'cpu' is not of type 'object'", id="capabilities-dtypes-string"),
-        pytest.param(_set(["capabilities", "dtypes"], {"cpu": "float16"}), "capabilities.dtypes.cpu: 'float16' is not of type 'array'", id="capabilities-dtypes-device-string"),
-        pytest.param(_set(["capabilities", "dtypes"], {"cuda": ["float16"]}), "cases.a.status='passed': the baseline's capabilities exclude it (device=cpu", id="capabilities-other-device"),
-        pytest.param(_set(["capabilities", "head_dims"], [64]), "cases.a.status='passed': the baseline's capabilities exclude it (head_dim=32", id="capabilities-head-dim"),
-        pytest.param(_set(["capabilities", "causal"], "yes"), "capabilities.causal: 'yes' is not of type 'boolean'", id="capabilities-flag"),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {}),
+            "capabilities.dtypes: {} should be non-empty",
+            id="capabilities-dtypes-empty",
+        ),
+        pytest.param(
+            _set(["capabilities", "dtypes"], "cpu"),
+            "capabilities.dtypes: 'cpu' is not of type 'object'",
+            id="capabilities-dtypes-string",
+        ),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {"cpu": "float16"}),
+            "capabilities.dtypes.cpu: 'float16' is not of type 'array'",
+            id="capabilities-dtypes-device-string",
+        ),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {"cuda": ["float16"]}),
+            "cases.a.status='passed': the baseline's capabilities exclude it (device=cpu",
+            id="capabilities-other-device",
+        ),
+        pytest.param(
+            _set(["capabilities", "head_dims"], [64]),
+            "cases.a.status='passed': the baseline's capabilities exclude it (head_dim=32",
+            id="capabilities-head-dim",
+        ),
+        pytest.param(
+            _set(["capabilities", "causal"], "yes"),
+            "capabilities.causal: 'yes' is not of type 'boolean'",
+            id="capabilities-flag",
+        ),
         pytest.param(_set(["groups"], []), "groups: [] should be non-empty", id="groups-empty"),
-        pytest.param(lambda record: record["groups"].pop(0), "groups: float16/dk/causal is missing, though 1 case(s) of it were compared", id="group-deleted"),
+        pytest.param(
+            lambda record: record["groups"].pop(0),
+            "groups: float16/dk/causal is missing, though 1 case(s) of it were compared",
+            id="group-deleted",
+        ),
         pytest.param(_duplicate_group, "the group float16/dk/causal appears twice", id="group-twice"),
-        pytest.param(_group_of_no_case, "groups[float16/dk/window+gqa]: no case of the corpus compares it", id="group-of-no-case"),
-        pytest.param(_set_group(("out", "none"), cases=7), "groups[float16/out/none].cases=7: 2 case(s) of it were compared", id="group-case-count"),
-        pytest.param(_set(["groups", 0, "cases"], 0), "groups[0].cases: 0 is less than the minimum of 1", id="group-no-cases"),
-        pytest.param(_set(["groups", 0, "feature"], "masked"), "groups[0].feature: 'masked' does not match", id="group-feature"),
+        pytest.param(
+            _group_of_no_case,
+            "groups[float16/dk/window+gqa]: no case of the corpus compares it",
+            id="group-of-no-case",
+        ),
+        pytest.param(
+            _set_group(("out", "none"), cases=7),
+            "groups[float16/out/none].cases=7: 2 case(s) of it were compared",
+            id="group-case-count",
+        ),
+        pytest.param(
+            _set(["groups", 0, "cases"], 0),
+            "groups[0].cases: 0 is less than the minimum of 1",
+            id="group-no-cases",
+        ),
+        pytest.param(
+            _set(["groups", 0, "feature"], "masked"),
+            "groups[0].feature: 'masked' does not match",
+            id="group-feature",
+        ),
         pytest.param(_set(["groups", 0, "output"], "o"), "groups[0].output: 'o' is not one of", id="group-output"),
-        pytest.param(_set(["groups", 0, "quantiles", "normalized", "max"], "inf"), "groups[0].quantiles.normalized.max: 'inf' is not of type 'number'", id="quantile-inf"),
-        pytest.param(_set(["groups", 0, "quantiles", "normalized", "max"], "nan"), "groups[0].quantiles.normalized.max: 'nan' is not of type 'number'", id="quantile-nan"),
-        pytest.param(_valid_text_with(_set(["groups", 0, "quantiles", "ulp", "max"], 1.0)).replace('"max": 1.0', '"max": Infinity', 1), "Infinity is not strict JSON", id="quantile-infinity-literal"),
-        pytest.param(_set(["groups", 0, "quantiles", "normalized", "p50"], -1.0), "groups[0].quantiles.normalized.p50: -1.0 is less than the minimum of 0", id="quantile-negative"),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "max"], "inf"),
+            "groups[0].quantiles.normalized.max: 'inf' is not of type 'number'",
+            id="quantile-inf",
+        ),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "max"], "nan"),
+            "groups[0].quantiles.normalized.max: 'nan' is not of type 'number'",
+            id="quantile-nan",
+        ),
+        pytest.param(
+            _valid_text_with(_set(["groups", 0, "quantiles", "ulp", "max"], 1.0)).replace(
+                '"max": 1.0', '"max": Infinity', 1
+            ),
+            "Infinity is not strict JSON",
+            id="quantile-infinity-literal",
+        ),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "p50"], -1.0),
+            "groups[0].quantiles.normalized.p50: -1.0 is less than the minimum of 0",
+            id="quantile-negative",
+        ),
         pytest.param(_unordered, "groups[0].quantiles.normalized.p90=", id="quantiles-unordered"),
-        pytest.param(_set(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}), "groups[0].quantiles.normalized: 'p90' is a required property", id="quantiles-partial"),
-        pytest.param(_set(["groups", 0, "jitter"], {}), "groups[0].jitter: 'normalized' is a required property", id="jitter-empty"),
-        pytest.param(_set(["groups", 0, "jitter", "normalized", "max"], 1e9), "groups[0].jitter.normalized.max=1000000000.0: must be 0 with repeats=1", id="jitter-huge"),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}),
+            "groups[0].quantiles.normalized: 'p90' is a required property",
+            id="quantiles-partial",
+        ),
+        pytest.param(
+            _set(["groups", 0, "jitter"], {}),
+            "groups[0].jitter: 'normalized' is a required property",
+            id="jitter-empty",
+        ),
+        pytest.param(
+            _set(["groups", 0, "jitter", "normalized", "max"], 1e9),
+            "groups[0].jitter.normalized.max=1000000000.0: must be 0 with repeats=1",
+            id="jitter-huge",
+        ),
         pytest.param(_set(["cases", "a", "status"], "flaky"), "cases.a.status: 'flaky' is not one of", id="status"),
-        pytest.param(_set(["cases", "a", "outputs", "out"], "yes"), "cases.a.outputs.out: 'yes' is not of type 'boolean'", id="output-verdict"),
-        pytest.param(_set(["cases", "a", "outputs", "o"], True), "cases.a.outputs: 'o' is not one of", id="output-name"),
-        pytest.param(_delete(["cases", "a", "outputs", "dq"]), "cases.a.outputs: has ['dk', 'dv', 'lse', 'out'], the case compares", id="output-dropped"),
-        pytest.param(_set(["cases", "a", "failed_outputs"], ["dq"]), "cases.a.failed_outputs=['dq']: must list the outputs that are false", id="failed-outputs"),
-        pytest.param(_set(["cases", "a", "reason"], "why"), "cases.a.reason='why': a passed case has no reason", id="reason"),
+        pytest.param(
+            _set(["cases", "a", "outputs", "out"], "yes"),
+            "cases.a.outputs.out: 'yes' is not of type 'boolean'",
+            id="output-verdict",
+        ),
+        pytest.param(
+            _set(["cases", "a", "outputs", "o"], True),
+            "cases.a.outputs: 'o' is not one of",
+            id="output-name",
+        ),
+        pytest.param(
+            _delete(["cases", "a", "outputs", "dq"]),
+            "cases.a.outputs: has ['dk', 'dv', 'lse', 'out'], the case compares",
+            id="output-dropped",
+        ),
+        pytest.param(
+            _set(["cases", "a", "failed_outputs"], ["dq"]),
+            "cases.a.failed_outputs=['dq']: must list the outputs that are false",
+            id="failed-outputs",
+        ),
+        pytest.param(
+            _set(["cases", "a", "reason"], "why"),
+            "cases.a.reason='why': a passed case has no reason",
+            id="reason",
+        ),
         pytest.param(_delete(["cases", "a"]), "cases: ['a'] missing", id="case-deleted"),
     ],
 )
@@ -149,7 +251,9 @@ def test_the_valid_synthetic_baseline_passes_every_check(tmp_path):
     path = tmp_path / "baseline.json"
     path.write_text(_valid_text_with(lambda record: None))
     baseline = baselines.load_baseline(path)
-    gate.check_compatible(baseline, kernel="synthetic", device="cpu", corpus=SYNTHETIC_CORPUS, dtypes=("float16",), source="b")
+    gate.check_compatible(
+        baseline, kernel="synthetic", device="cpu", corpus=SYNTHETIC_CORPUS, dtypes=("float16",), source="b"
+    )
 
 
 @pytest.mark.parametrize("path", sorted(COMMITTED.parent.glob("*.json")), ids=lambda path: path.name)

@@ -32,7 +32,9 @@ from fa2_verify.verify.corpus import Corpus, save_corpus
 from fa2_verify.verify.registry import load_kernel
 
 SMALL = CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, dtype="float32", name="small")
-LONG = CaseSpec(batch=1, seqlen_q=10**7, seqlen_k=10**7, heads_q=1, heads_kv=1, head_dim=64, dtype="float16", name="long")
+LONG = CaseSpec(
+    batch=1, seqlen_q=10**7, seqlen_k=10**7, heads_q=1, heads_kv=1, head_dim=64, dtype="float16", name="long"
+)
 WIDE = CaseSpec(batch=10**8, seqlen_q=16, seqlen_k=16, heads_q=1, heads_kv=1, head_dim=64, dtype="float16", name="wide")
 
 
@@ -91,7 +93,9 @@ def test_a_case_that_fits_passes_the_guard():
 
 def test_the_golden_stage_covers_its_measured_peak_without_overstating_it():
     """Live numpy bytes of ``golden.compute`` (fast path, certified), counted exactly by tracemalloc."""
-    spec = CaseSpec(batch=1, seqlen_q=2048, seqlen_k=512, heads_q=4, heads_kv=1, head_dim=64, dtype="bfloat16", causal=True)
+    spec = CaseSpec(
+        batch=1, seqlen_q=2048, seqlen_k=512, heads_q=4, heads_kv=1, head_dim=64, dtype="bfloat16", causal=True
+    )
     case = make_case(spec)
     tracemalloc.start()
     try:
@@ -99,7 +103,8 @@ def test_the_golden_stage_covers_its_measured_peak_without_overstating_it():
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    golden = next(stage for stage in memory.estimate(spec, GoldenOptions(method="fast")).stages if stage.name == "golden")
+    stages = memory.estimate(spec, GoldenOptions(method="fast")).stages
+    golden = next(stage for stage in stages if stage.name == "golden")
     assert peak <= golden.host <= 3 * peak
 
 

@@ -48,7 +48,8 @@ class CaseSpec:
             object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
         if self.heads_q % self.heads_kv:
             raise UsageError(
-                f"heads_q={self.heads_q}: not a multiple of heads_kv={self.heads_kv} (GQA/MQA needs heads_q = n * heads_kv)"
+                f"heads_q={self.heads_q}: not a multiple of heads_kv={self.heads_kv} "
+                "(GQA/MQA needs heads_q = n * heads_kv)"
             )
 
     @property

@@ -204,7 +204,9 @@ def _check_group(group: GroupBaseline, where: str, repeats: int) -> None:
 def _check_case(case: CaseBaseline, failed_outputs: list[str], where: str) -> None:
     """A case's verdict agrees with itself: its status, reason and per-output pass/fail."""
     if sorted(failed_outputs) != sorted(case.failed_outputs):
-        raise ValueError(f"{where}.failed_outputs={failed_outputs!r}: must list the outputs that are false, {case.failed_outputs}")
+        raise ValueError(
+            f"{where}.failed_outputs={failed_outputs!r}: must list the outputs that are false, {case.failed_outputs}"
+        )
     compared = case.status in ("passed", "failed")
     if compared != (case.reason is None):
         raise ValueError(f"{where}.reason={case.reason!r}: a {case.status} case has {'no' if compared else 'a'} reason")
@@ -295,15 +297,15 @@ def require_coverage(baseline: Baseline, specs: Sequence[CaseSpec]) -> None:
     possible: dict[tuple[str, str, str], int] = {}
     for spec in specs:
         case, outputs = baseline.cases[spec.name], compared_outputs(spec)
-        if case.status in ("passed", "failed"):
-            reason = spec.unsupported_reason(capabilities, baseline.device)
-            if reason is not None:
-                raise ValueError(f"cases.{spec.name}.status={case.status!r}: the baseline's capabilities exclude it ({reason})")
-            if sorted(case.outputs) != sorted(outputs):
-                raise ValueError(f"cases.{spec.name}.outputs: has {sorted(case.outputs)}, the case compares {sorted(outputs)}")
-        elif not set(case.outputs) <= set(outputs):
-            raise ValueError(f"cases.{spec.name}.outputs: has {sorted(case.outputs)}, the case compares {sorted(outputs)}")
-        tally = required if case.status in ("passed", "failed") else possible
+        compared = case.status in ("passed", "failed")
+        where = f"cases.{spec.name}"
+        reason = spec.unsupported_reason(capabilities, baseline.device) if compared else None
+        if reason is not None:
+            raise ValueError(f"{where}.status={case.status!r}: the baseline's capabilities exclude it ({reason})")
+        recorded = set(case.outputs)
+        if not (recorded == set(outputs) if compared else recorded <= set(outputs)):
+            raise ValueError(f"{where}.outputs: has {sorted(recorded)}, the case compares {sorted(outputs)}")
+        tally = required if compared else possible
         for output in case.outputs:
             key = (spec.dtype, output, spec.feature())
             tally[key] = tally.get(key, 0) + 1
