@@ -39,8 +39,8 @@ class CaseSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            _check_field(field.name, getattr(self, field.name))
+        for field in _FIELD_CHECKS:
+            _check_field(field, getattr(self, field))
         for field in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "seed"):
             object.__setattr__(self, field, int(getattr(self, field)))
         object.__setattr__(self, "window_size", tuple(int(side) for side in self.window_size))

@@ -19,13 +19,15 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
 * *kernel* (device): the inputs' bit copies, the outputs and their clones,
   ``s (2Q + 2K) + 2 (s (2Q + 2K) + 4R)``, and an FA2 backward's float32 dQ
   accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023, Algorithm 2 line 15);
-* *golden* (host, :mod:`golden.fast`): float64 inputs and outputs, each in two
-  layouts, the ``seqlen_q x seqlen_k`` bool visibility mask, one row block of
-  about ``BLOCK_ELEMENTS`` scores (at least one row), and, where mpmath may
-  serve the case, its mpf weights (``2 P / batch`` of them);
+* *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
+  two layouts, one row block of about ``BLOCK_ELEMENTS[device]`` scores (at
+  least one row; the mask is kept as key ranges); on the host, the outputs'
+  copy for the golden cache and, where mpmath may serve the case, its mpf
+  weights (``2 P / batch`` of them); the outputs stay on the device;
 * *error model* (host, :mod:`verify.error_model`): float64 copies of the
-  inputs, the bounds, the ``seqlen_q x seqlen_k`` mask in bool and float64,
-  one chunk of about ``WORK_ELEMENTS`` scores (at least one row);
+  inputs and of the golden's outputs, the bounds, the ``seqlen_q x seqlen_k``
+  mask in bool and float64, one chunk of about ``WORK_ELEMENTS`` scores (at
+  least one row);
 * *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
   full ``P``-element score matrices in the dtype, with their gradients, and
   the inputs' clones, K and V repeated over the query heads and their gradients;
@@ -33,8 +35,9 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   the largest output.
 
 Nothing else is ``P``-sized: the golden and the error model work in row
-blocks, so a 128k-token case costs them its inputs, outputs and masks, not a
-``seqlen_q x seqlen_k`` float64 matrix per head.
+blocks, so a 128k-token case costs the golden its inputs and outputs, not a
+``seqlen_q x seqlen_k`` matrix (the error model still forms its mask once per
+case, ``9 seqlen_q seqlen_k`` bytes).
 
 Of the kernel's own workspace only what every FA2 backward needs is counted
 (the float32 dQ accumulator and ``D``); a kernel that needs more is the
@@ -42,11 +45,8 @@ kernel's business.  On the
 CPU the device is host RAM, and both are one budget.  The counts of
 simultaneous copies (``*_COPIES``) were read from the code and compared with
 the resident-memory peaks of each stage run alone on the CPU (forked, so
-noisy: docs/design.md, "Cases and their size"); the golden's, whose numpy
-allocations ``tracemalloc`` counts exactly, is checked in
-``tests/test_memory.py``, which fails when the estimate no longer covers the
-measured peak or overstates it threefold, e.g. after the golden changes how it
-works in blocks: update its stage here with it.
+noisy: docs/design.md, "Cases and their size").  When a stage changes how it
+works in blocks or where it runs, update its stage here with it.
 """
 
 from __future__ import annotations
@@ -138,8 +138,10 @@ def _block(limit: int, spec: CaseSpec) -> int:
     return min(max(1, limit // max(spec.seqlen_k, 1)), spec.seqlen_q) * spec.seqlen_k
 
 
-def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Estimate:
-    """The memory of :func:`verify.check.check_case` on ``spec`` (see the module docstring for the terms)."""
+def estimate(
+    spec: CaseSpec, device: str | torch.device = "cpu", golden_options: GoldenOptions | None = None
+) -> Estimate:
+    """The memory of :func:`verify.check.check_case` on ``spec`` on ``device`` (the module docstring has the terms)."""
     options = golden_options or GoldenOptions()
     size = spec.torch_dtype.itemsize
     queries = spec.batch * spec.seqlen_q * spec.heads_q * spec.head_dim
@@ -157,12 +159,13 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
     held_device = inputs + outputs
     workspace = FLOAT32 * (queries + rows) if gradients else 0
 
-    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS, spec)
+    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
-    golden_work = 2 * golden_inputs + 2 * golden_outputs + 3 * mask + golden_block + golden_rows
+    golden_work = 2 * golden_inputs + 2 * golden_outputs + golden_block + golden_rows
     work = scores * spec.head_dim
+    golden_host = golden_outputs
     if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
-        golden_work += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
+        golden_host += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
 
     chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(WORK_ELEMENTS, spec)
     error_model_work = golden_inputs + ERROR_MODEL_OUTPUT_COPIES * bounds + (3 + FLOAT64) * mask + chunk
@@ -177,10 +180,10 @@ def estimate(spec: CaseSpec, golden_options: GoldenOptions | None = None) -> Est
         (
             Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
             Stage("kernel", 2 * inputs + 2 * outputs + workspace, 0),
-            Stage("golden", held_device, golden_work),
-            Stage("error model", held_device, golden_outputs + error_model_work),
-            Stage("naive attention", held_device + naive_outputs + naive_work, golden_outputs + bounds),
-            Stage("comparison", held_device + naive_outputs, golden_outputs + bounds + compare_work),
+            Stage("golden", held_device + golden_work, golden_host),
+            Stage("error model", held_device + golden_outputs, golden_outputs + error_model_work),
+            Stage("naive attention", held_device + golden_outputs + naive_outputs + naive_work, bounds),
+            Stage("comparison", held_device + golden_outputs + naive_outputs, bounds + compare_work),
         )
     )
 
@@ -226,7 +229,7 @@ def _bytes(count: float) -> str:
 def require_fits(spec: CaseSpec, device: str | torch.device, golden_options: GoldenOptions | None = None) -> None:
     """Raise :class:`CaseTooLarge` when ``spec`` needs more memory than ``device`` (or the host) has free."""
     device = torch.device(device)
-    needed = estimate(spec, golden_options)
+    needed = estimate(spec, device, golden_options)
     label = spec.name or "the case"
     shape = (
         f"batch={spec.batch}, seqlen_q={spec.seqlen_q}, seqlen_k={spec.seqlen_k}, heads_q={spec.heads_q}, "
