@@ -24,20 +24,21 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   least one row; the mask is kept as key ranges); on the host, the outputs'
   copy for the golden cache and, where mpmath may serve the case, its mpf
   weights (``2 P / batch`` of them); the outputs stay on the device;
-* *error model* (host, :mod:`verify.error_model`): float64 copies of the
-  inputs and of the golden's outputs, the bounds, the ``seqlen_q x seqlen_k``
-  mask in bool and float64, one chunk of about ``WORK_ELEMENTS`` scores (at
-  least one row);
-* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
-  full ``P``-element score matrices in the dtype, with their gradients, and
-  the inputs' clones, K and V repeated over the query heads and their gradients;
-* *comparison* (host, :func:`verify.metrics.compare`): float64 work arrays of
-  the largest output.
+* *error model* (device, :mod:`verify.error_model`): float64 copies of the
+  inputs, the bounds, the dK/dV accumulators and temporaries, one block of about
+  ``WORK_ELEMENTS[device]`` scores (at least one row; the mask is kept as
+  key ranges);
+* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio, run
+  only up to ``lowprec.MAX_SCORES`` scores): full ``P``-element score
+  matrices in the dtype, with their gradients, and the inputs' clones, K and V
+  repeated over the query heads and their gradients;
+* *comparison* (device, :func:`verify.metrics.compare`): float64 work arrays
+  of one chunk of ``CHUNK_ELEMENTS`` elements.
 
-Nothing else is ``P``-sized: the golden and the error model work in row
-blocks, so a 128k-token case costs the golden its inputs and outputs, not a
-``seqlen_q x seqlen_k`` matrix (the error model still forms its mask once per
-case, ``9 seqlen_q seqlen_k`` bytes).
+Nothing is ``P``-sized above ``lowprec.MAX_SCORES``: the golden, the error
+model and the comparison work in row blocks or chunks, so a 128k-token case
+costs them its inputs, outputs and bounds, not a ``seqlen_q x seqlen_k``
+matrix.
 
 Of the kernel's own workspace only what every FA2 backward needs is counted
 (the float32 dQ accumulator and ``D``); a kernel that needs more is the
@@ -61,14 +62,16 @@ from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import CaseTooLarge
 from fa2_verify.golden.fast import BLOCK_ELEMENTS
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
-from fa2_verify.verify.error_model import WORK_ELEMENTS
+from fa2_verify.verify.error_model import work_elements
+from fa2_verify.verify.lowprec import fits as naive_attention_runs
+from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 
 FLOAT64 = 8
 FLOAT32 = 4
 
 #: Float64 temporaries of the size of the largest input that a value generator
 #: holds besides its four results (:mod:`core.values`: noise, masks, ``where``).
-GENERATOR_COPIES = 4
+GENERATOR_COPIES = 3
 
 #: Float64 temporaries per element of a golden row block (:mod:`golden.fast`:
 #: the score pair, logits, exponentials, P, dP pair, shifted dP, dS, and the
@@ -84,10 +87,10 @@ MPF_BYTES = 256
 #: them; the peak resident memory measured up to 34 with the allocator's reuse).
 ERROR_MODEL_CHUNK_COPIES = 36
 
-#: Arrays of the outputs' sizes the error model holds besides the golden's:
-#: float64 copies of the inputs are counted apart; the four dK/dV accumulators,
-#: the bounds, and the temporaries of the final dK/dV expressions (eqs. 7 and 9).
-ERROR_MODEL_OUTPUT_COPIES = 5
+#: Float64 arrays of dK's size the error model holds besides the bounds: the
+#: four dK/dV accumulators and the temporaries of the final dK/dV expressions
+#: (docs/error-model.md, eqs. 7 and 9).
+ERROR_MODEL_KEY_COPIES = 8
 
 #: Score matrices of ``P`` elements in the dtype alive at once in the naive
 #: attention with its autograd backward (:mod:`verify.lowprec`: the scores,
@@ -95,10 +98,11 @@ ERROR_MODEL_OUTPUT_COPIES = 5
 #: the gradients formed from them).
 LOWPREC_SCORE_COPIES = 6
 
-#: Float64 arrays of an output's size alive while it is compared
-#: (:func:`verify.metrics.compare`: actual, error, normalized, ULPs, relative,
-#: magnitudes, sorted copies for the quantiles, the naive output's errors).
-COMPARE_COPIES = 14
+#: Float64 arrays of a comparison chunk's size alive while an output is compared
+#: (:func:`verify.metrics.compare`, in chunks of ``CHUNK_ELEMENTS``: actual,
+#: error, normalized, ULPs, relative, magnitudes, the naive output's errors,
+#: and the quantile selection's work; 25 measured on the CPU).
+COMPARE_COPIES = 28
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +152,6 @@ def estimate(
     keys = spec.batch * spec.seqlen_k * spec.heads_kv * spec.head_dim
     rows = spec.batch * spec.heads_q * spec.seqlen_q
     scores = rows * spec.seqlen_k
-    mask = spec.seqlen_q * spec.seqlen_k
     gradients = spec.backward
 
     inputs = size * (2 * queries + 2 * keys)
@@ -161,29 +164,33 @@ def estimate(
 
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
+    # contract <-> head-major layouts: measured peaks need both copies of the inputs and outputs
     golden_work = 2 * golden_inputs + 2 * golden_outputs + golden_block + golden_rows
     work = scores * spec.head_dim
     golden_host = golden_outputs
     if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
         golden_host += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
 
-    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(WORK_ELEMENTS, spec)
-    error_model_work = golden_inputs + ERROR_MODEL_OUTPUT_COPIES * bounds + (3 + FLOAT64) * mask + chunk
+    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(work_elements(device), spec)
+    key_work = ERROR_MODEL_KEY_COPIES * FLOAT64 * keys if gradients else 0
+    error_model_work = golden_inputs + bounds + key_work + chunk
 
-    naive_outputs = outputs
-    repeated_keys = spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim
-    naive_work = size * (LOWPREC_SCORE_COPIES * scores + queries + 2 * keys + 4 * repeated_keys)
+    naive_outputs, naive_work = 0, 0
+    if naive_attention_runs(spec):
+        naive_outputs = outputs
+        repeated_keys = spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim
+        naive_work = size * (LOWPREC_SCORE_COPIES * scores + queries + 2 * keys + 4 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
-    compare_work = COMPARE_COPIES * FLOAT64 * largest_output
+    compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
 
     return Estimate(
         (
             Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
             Stage("kernel", 2 * inputs + 2 * outputs + workspace, 0),
             Stage("golden", held_device + golden_work, golden_host),
-            Stage("error model", held_device + golden_outputs, golden_outputs + error_model_work),
-            Stage("naive attention", held_device + golden_outputs + naive_outputs + naive_work, bounds),
-            Stage("comparison", held_device + golden_outputs + naive_outputs, bounds + compare_work),
+            Stage("error model", held_device + golden_outputs + error_model_work, 0),
+            Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
+            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + compare_work, 0),
         )
     )
 
