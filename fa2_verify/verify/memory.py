@@ -16,9 +16,11 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
 
 * *inputs* (host, then device): the float64 draws ``8 (2Q + 2K)`` with the
   generator's temporaries, then the inputs ``s (2Q + 2K)`` on the device;
-* *kernel* (device): the inputs' bit copies, the outputs and their clones,
-  ``s (2Q + 2K) + 2 (s (2Q + 2K) + 4R)``, and an FA2 backward's float32 dQ
-  accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023, Algorithm 2 line 15);
+* *kernel* (device): the outputs and their clones, ``2 (s (2Q + 2K) + 4R)``,
+  the copies of ``out`` and ``lse`` handed to the backward, and an FA2
+  backward's float32 dQ accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023,
+  Algorithm 2 line 15); on the host, the bit copies of every tensor a call
+  must leave unchanged (:mod:`verify.kernel_call`);
 * *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
   two layouts, one row block of about ``BLOCK_ELEMENTS[device]`` scores (at
   least one row; the mask is kept as key ranges); on the host, the outputs'
@@ -161,6 +163,7 @@ def estimate(
     bounds = golden_outputs
     held_device = inputs + outputs
     workspace = FLOAT32 * (queries + rows) if gradients else 0
+    handed = size * queries + 4 * rows if gradients else 0
 
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
@@ -186,7 +189,7 @@ def estimate(
     return Estimate(
         (
             Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
-            Stage("kernel", 2 * inputs + 2 * outputs + workspace, 0),
+            Stage("kernel", inputs + 2 * outputs + handed + workspace, inputs + handed + size * max(queries, keys)),
             Stage("golden", held_device + golden_work, golden_host),
             Stage("error model", held_device + golden_outputs + error_model_work, 0),
             Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
