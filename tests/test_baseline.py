@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 
+import jsonschema
 import pytest
 
-from tests.helpers import COMMITTED, cases, summarize
+from fa2_verify.core.contract import DTYPES
+from fa2_verify.verify.corpus import Corpus, load_corpus
+from fa2_verify.verify.metrics import OUTPUT_AXES, QUANTILES
+from tests.helpers import CAPABILITIES, COMMITTED, cases, summarize, synthetic_result
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.cli import main as cli
 from fa2_verify.verify import gate
-from fa2_verify.verify.corpus import load_corpus
 from fa2_verify.core.errors import BaselineError
 
 
@@ -25,18 +29,58 @@ def _valid_record() -> dict:
     return json.loads(baselines.dumps(summarize(*cases())))
 
 
-def _without(key):
-    record = _valid_record()
-    del record[key]
-    return json.dumps(record)
+#: The corpus the synthetic baseline was recorded on (``summarize`` builds the same one).
+SYNTHETIC_CORPUS = Corpus(version=1, cases=tuple(case.spec for case in cases()))
 
 
-def _with(path, item):
+def _set(path, item):
+    """A change of the valid record: the field at ``path`` (keys and indices) becomes ``item``."""
+
+    def change(record):
+        target = record
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = item
+
+    return change
+
+
+def _delete(path):
+    def change(record):
+        target = record
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+
+    return change
+
+
+def _duplicate_group(record):
+    record["groups"].append(record["groups"][0])
+
+
+def _group_of_no_case(record):
+    record["groups"].append(dict(record["groups"][0], feature="window+gqa"))
+
+
+def _set_group(key, **fields):
+    """Change the group ``key`` = (output, feature) of the float16 baseline."""
+
+    def change(record):
+        group = next(g for g in record["groups"] if (g["output"], g["feature"]) == key)
+        group.update(fields)
+
+    return change
+
+
+def _unordered(record):
+    quantiles = record["groups"][0]["quantiles"]["normalized"]
+    quantiles["p50"] = quantiles["max"] + 1
+
+
+def _valid_text_with(change) -> str:
     record = _valid_record()
-    target = record
-    for key in path[:-1]:
-        target = target[key]
-    target[path[-1]] = item
+    change(record)
     return json.dumps(record)
 
 
@@ -47,29 +91,214 @@ def _with(path, item):
         pytest.param('{"schema": ', "corrupt: not valid JSON", id="truncated"),
         pytest.param("[]", "not a fa2-verify/baseline file", id="not-an-object"),
         pytest.param(
-            json.dumps({"schema": "fa2-verify/tolerance"}), "not a fa2-verify/baseline file", id="other-schema"
+            json.dumps({"schema": "fa2-verify/tolerance"}),
+            "not a fa2-verify/baseline file",
+            id="other-schema",
         ),
-        pytest.param(_with(["schema_version"], 2), "schema_version=2, this fa2-verify reads 1", id="schema-version"),
-        pytest.param(_without("corpus"), "missing field 'corpus'", id="no-corpus"),
-        pytest.param(_with(["cases", "a", "status"], "flaky"), "has status 'flaky'", id="status"),
-        pytest.param(_with(["cases", "a", "outputs", "out"], "yes"), "true/false", id="output-verdict"),
+        pytest.param(_set(["schema_version"], 2), "schema_version=2, this fa2-verify reads 1", id="schema-version"),
+        pytest.param(_delete(["corpus"]), "(baseline: 'corpus' is a required property)", id="no-corpus"),
         pytest.param(
-            _with(["groups", 0, "quantiles", "normalized", "max"], "nan"), "negative or NaN", id="nan-quantile"
+            _set(["colour"], 1),
+            "baseline: Additional properties are not allowed ('colour'",
+            id="unknown-field",
+        ),
+        pytest.param(_set(["corpus", "digest"], "abc"), "corpus.digest: 'abc' does not match", id="digest"),
+        pytest.param(_set(["repeats"], -5), "repeats: -5 is less than the minimum of 1", id="repeats-negative"),
+        pytest.param(_set(["repeats"], 2.5), "repeats: 2.5 is not of type 'integer'", id="repeats-float"),
+        pytest.param(_set(["dtypes"], []), "dtypes: [] should be non-empty", id="dtypes-empty"),
+        pytest.param(_set(["capabilities"], []), "capabilities: [] is not of type 'object'", id="capabilities"),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {}),
+            "capabilities.dtypes: {} should be non-empty",
+            id="capabilities-dtypes-empty",
         ),
         pytest.param(
-            _with(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}), "exactly the quantiles", id="quantiles"
+            _set(["capabilities", "dtypes"], "cpu"),
+            "capabilities.dtypes: 'cpu' is not of type 'object'",
+            id="capabilities-dtypes-string",
         ),
-        pytest.param(_with(["groups", 0, "jitter"], {}), "must map exactly", id="jitter"),
-        pytest.param(_with(["capabilities"], []), "Capabilities.as_dict()", id="capabilities"),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {"cpu": "float16"}),
+            "capabilities.dtypes.cpu: 'float16' is not of type 'array'",
+            id="capabilities-dtypes-device-string",
+        ),
+        pytest.param(
+            _set(["capabilities", "dtypes"], {"cuda": ["float16"]}),
+            "cases.a.status='passed': the baseline's capabilities exclude it (device=cpu",
+            id="capabilities-other-device",
+        ),
+        pytest.param(
+            _set(["capabilities", "head_dims"], [64]),
+            "cases.a.status='passed': the baseline's capabilities exclude it (head_dim=32",
+            id="capabilities-head-dim",
+        ),
+        pytest.param(
+            _set(["capabilities", "causal"], "yes"),
+            "capabilities.causal: 'yes' is not of type 'boolean'",
+            id="capabilities-flag",
+        ),
+        pytest.param(_set(["groups"], []), "groups: [] should be non-empty", id="groups-empty"),
+        pytest.param(
+            lambda record: record["groups"].pop(0),
+            "groups: float16/dk/causal is missing, though 1 case(s) of it were compared",
+            id="group-deleted",
+        ),
+        pytest.param(_duplicate_group, "the group float16/dk/causal appears twice", id="group-twice"),
+        pytest.param(
+            _group_of_no_case,
+            "groups[float16/dk/window+gqa]: no case of the corpus compares it",
+            id="group-of-no-case",
+        ),
+        pytest.param(
+            _set_group(("out", "none"), cases=7),
+            "groups[float16/out/none].cases=7: 2 case(s) of it were compared",
+            id="group-case-count",
+        ),
+        pytest.param(
+            _set(["groups", 0, "cases"], 0),
+            "groups[0].cases: 0 is less than the minimum of 1",
+            id="group-no-cases",
+        ),
+        pytest.param(
+            _set(["groups", 0, "feature"], "masked"),
+            "groups[0].feature: 'masked' does not match",
+            id="group-feature",
+        ),
+        pytest.param(_set(["groups", 0, "output"], "o"), "groups[0].output: 'o' is not one of", id="group-output"),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "max"], "inf"),
+            "groups[0].quantiles.normalized.max: 'inf' is not of type 'number'",
+            id="quantile-inf",
+        ),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "max"], "nan"),
+            "groups[0].quantiles.normalized.max: 'nan' is not of type 'number'",
+            id="quantile-nan",
+        ),
+        pytest.param(
+            _valid_text_with(_set(["groups", 0, "quantiles", "ulp", "max"], 1.0)).replace(
+                '"max": 1.0', '"max": Infinity', 1
+            ),
+            "Infinity is not strict JSON",
+            id="quantile-infinity-literal",
+        ),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized", "p50"], -1.0),
+            "groups[0].quantiles.normalized.p50: -1.0 is less than the minimum of 0",
+            id="quantile-negative",
+        ),
+        pytest.param(_unordered, "groups[0].quantiles.normalized.p90=", id="quantiles-unordered"),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized"], {"p50": 0.1}),
+            "groups[0].quantiles.normalized: 'p90' is a required property",
+            id="quantiles-partial",
+        ),
+        pytest.param(
+            _set(["groups", 0, "jitter"], {}),
+            "groups[0].jitter: 'normalized' is a required property",
+            id="jitter-empty",
+        ),
+        pytest.param(
+            _set(["groups", 0, "jitter", "normalized", "max"], 1e9),
+            "groups[0].jitter.normalized.max=1000000000.0: must be 0 with repeats=1",
+            id="jitter-huge",
+        ),
+        pytest.param(_set(["cases", "a", "status"], "flaky"), "cases.a.status: 'flaky' is not one of", id="status"),
+        pytest.param(
+            _set(["cases", "a", "outputs", "out"], "yes"),
+            "cases.a.outputs.out: 'yes' is not of type 'boolean'",
+            id="output-verdict",
+        ),
+        pytest.param(
+            _set(["cases", "a", "outputs", "o"], True),
+            "cases.a.outputs: 'o' is not one of",
+            id="output-name",
+        ),
+        pytest.param(
+            _delete(["cases", "a", "outputs", "dq"]),
+            "cases.a.outputs: has ['dk', 'dv', 'lse', 'out'], the case compares",
+            id="output-dropped",
+        ),
+        pytest.param(
+            _set(["cases", "a", "failed_outputs"], ["dq"]),
+            "cases.a.failed_outputs=['dq']: must list the outputs that are false",
+            id="failed-outputs",
+        ),
+        pytest.param(
+            _set(["cases", "a", "reason"], "why"),
+            "cases.a.reason='why': a passed case has no reason",
+            id="reason",
+        ),
+        pytest.param(_delete(["cases", "a"]), "cases: ['a'] missing", id="case-deleted"),
     ],
 )
-def test_a_bad_baseline_fails_closed_with_one_line(tmp_path, content, message):
+def test_a_bad_baseline_fails_closed_with_one_line_naming_the_field(tmp_path, content, message):
+    """Everything the gate checks before running: loading (schema and invariants), then identity and coverage."""
     path = tmp_path / "baseline.json"
     if content is not None:
-        path.write_text(content)
-    with pytest.raises(BaselineError, match=message) as raised:
-        baselines.load_baseline(path)
-    assert "\n" not in str(raised.value) and "fa2-verify baseline --kernel NAME" in str(raised.value)
+        path.write_text(content if isinstance(content, str) else _valid_text_with(content))
+    with pytest.raises(BaselineError) as raised:
+        baseline = baselines.load_baseline(path)
+        gate.check_compatible(
+            baseline, kernel="synthetic", device="cpu", corpus=SYNTHETIC_CORPUS, dtypes=("float16",), source=str(path)
+        )
+    assert message in str(raised.value)
+    assert "\n" not in str(raised.value) and "fa2-verify baseline --kernel" in str(raised.value)
+
+
+def test_the_valid_synthetic_baseline_passes_every_check(tmp_path):
+    path = tmp_path / "baseline.json"
+    path.write_text(_valid_text_with(lambda record: None))
+    baseline = baselines.load_baseline(path)
+    gate.check_compatible(
+        baseline, kernel="synthetic", device="cpu", corpus=SYNTHETIC_CORPUS, dtypes=("float16",), source="b"
+    )
+
+
+@pytest.mark.parametrize("path", sorted(COMMITTED.parent.glob("*.json")), ids=lambda path: path.name)
+def test_committed_baselines_validate_against_the_schema_and_cover_the_corpus(path):
+    record = json.loads(path.read_text())
+    schema = json.loads(baselines.SCHEMA_PATH.read_text())
+    jsonschema.Draft202012Validator(schema).validate(record)
+    baseline = baselines.load_baseline(path)
+    baselines.require_coverage(baseline, load_corpus().select(baseline.dtypes))
+
+
+def test_the_schema_names_what_the_code_names():
+    definitions = json.loads(baselines.SCHEMA_PATH.read_text())["$defs"]
+    assert definitions["dtype"]["enum"] == list(DTYPES)
+    assert definitions["output"]["enum"] == list(OUTPUT_AXES)
+    assert definitions["quantiles"]["required"] == list(QUANTILES)
+    assert definitions["metrics"]["required"] == list(baselines.BASELINE_METRICS)
+    assert set(definitions["case"]["properties"]["status"]["enum"]) == {"passed", "failed", "error", "unsupported"}
+    assert set(definitions["capabilities"]["properties"]) == set(CAPABILITIES.as_dict())
+
+
+def test_a_run_with_non_finite_errors_is_never_written_as_a_baseline(tmp_path):
+    broken = cases()
+    broken[0] = synthetic_result("a", seed=1, scales={"out": math.inf})
+    with pytest.raises(BaselineError, match=r"cannot be a baseline \(groups\[\d+\]\.quantiles\.\w+\.[\w.]+: 'inf'"):
+        baselines.write_baseline(summarize(*broken), tmp_path / "b.json", overwrite=False)
+    assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        pytest.param(lambda record: record["groups"].pop(), "groups: ", id="group-deleted"),
+        pytest.param(_set(["groups", 0, "jitter", "normalized", "max"], 1e9), "jitter.normalized.max", id="jitter"),
+        pytest.param(_set(["capabilities", "dtypes"], {"cpu": 1}), "capabilities.dtypes.cpu", id="capabilities-type"),
+    ],
+)
+def test_gate_refuses_a_tampered_committed_baseline_before_running(tmp_path, capsys, monkeypatch, change, message):
+    record = json.loads(COMMITTED.read_text())
+    change(record)
+    path = tmp_path / "baseline.json"
+    path.write_text(json.dumps(record))
+    monkeypatch.setattr(baselines, "record", lambda *args, **kwargs: pytest.fail("the gate ran the corpus"))
+    assert cli.main(["gate", "--kernel", "reference", "--baseline", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
 
 
 def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):

@@ -65,7 +65,7 @@ GOOD = {"schema_version": 1, "corpus_version": 1, "cases": [dict(SPEC.to_dict(),
             dict(GOOD, cases=[dict(SPEC.to_dict(), name="a", colour=1)]), "unknown fields", id="unknown-field"
         ),
         pytest.param(dict(GOOD, cases=[{"name": "a"}]), "case #0", id="incomplete"),
-        pytest.param(dict(GOOD, cases=["a"]), "expected a case spec object", id="not-a-spec"),
+        pytest.param(dict(GOOD, cases=["a"]), "case #0: case spec is a str, expected a JSON object", id="not-a-spec"),
     ],
 )
 def test_bad_corpus_is_a_one_line_usage_error(record, message):

@@ -110,6 +110,11 @@ def test_markdown_of_a_failed_gate_lists_every_regression():
         pytest.param({"relative": float("nan")}, "--relative-margin=nan", id="nan"),
         pytest.param({"floors": {"normalized": 0.01, "ulp": 0.5, "abs": 1.0}}, "unknown metric", id="metric"),
         pytest.param({"floors": {"normalized": 0.01}}, "lack a floor for ulp", id="missing-floor"),
+        pytest.param(
+            {"floors": {"normalized": 1.0, "ulp": 0.5}},
+            "--floor normalized=1.0 is not valid: a floor at the pass threshold 1",
+            id="floor-at-threshold",
+        ),
         pytest.param({"outputs": {"o": 0.5}}, "unknown output", id="output"),
         pytest.param({"outputs": {"dq": -1.0}}, "dq=-1.0 is not valid", id="output-negative"),
     ],

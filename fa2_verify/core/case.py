@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from typing import Any
 
 import torch
@@ -38,15 +39,18 @@ class CaseSpec:
     name: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "window_size", tuple(int(w) for w in self.window_size))
-        for field in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 0 or (value == 0 and field not in ("seqlen_q", "seqlen_k")):
-                raise UsageError(f"{field}={value!r} is not a valid size: use a positive integer")
+        for field in _FIELD_CHECKS:
+            _check_field(field, getattr(self, field))
+        for field in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "seed"):
+            object.__setattr__(self, field, int(getattr(self, field)))
+        object.__setattr__(self, "window_size", tuple(int(side) for side in self.window_size))
+        if self.softmax_scale is not None:
+            object.__setattr__(self, "softmax_scale", float(self.softmax_scale))
         if self.heads_q % self.heads_kv:
-            raise UsageError(f"heads_q={self.heads_q} is not a multiple of heads_kv={self.heads_kv}")
-        if self.dtype not in DTYPES:
-            raise UsageError(f"dtype={self.dtype!r} is not supported: use one of {', '.join(DTYPES)}")
+            raise UsageError(
+                f"heads_q={self.heads_q}: not a multiple of heads_kv={self.heads_kv} "
+                "(GQA/MQA needs heads_q = n * heads_kv)"
+            )
 
     @property
     def scale(self) -> float:
@@ -93,15 +97,119 @@ class CaseSpec:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "CaseSpec":
-        known = {field.name for field in dataclasses.fields(cls)}
-        unknown = set(record) - known
+        """The spec in a parsed JSON object; every problem is a one-line :class:`UsageError`."""
+        if not isinstance(record, dict):
+            raise UsageError(f"case spec is a {type(record).__name__}, expected a JSON object of CaseSpec fields")
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        unknown = sorted(set(record) - set(fields))
         if unknown:
-            raise UsageError(f"case spec has unknown fields {sorted(unknown)}")
-        return cls(**{**record, "window_size": tuple(record.get("window_size", (UNBOUNDED, UNBOUNDED)))})
+            raise UsageError(f"case spec has unknown fields {unknown}: use only {sorted(fields)}")
+        required = [name for name, field in fields.items() if field.default is dataclasses.MISSING]
+        missing = [name for name in required if name not in record]
+        if missing:
+            raise UsageError(f"case spec lacks the required fields {missing}")
+        return cls(**record)
 
     def reproduction(self, kernel: str = "KERNEL") -> str:
         """One line that re-runs exactly this case."""
         return f"fa2-verify repro --kernel {kernel} --case '{json.dumps(self.to_dict(), sort_keys=True)}'"
+
+
+#: Largest seed + 1: ``torch.Generator.manual_seed`` takes a 64-bit unsigned seed.
+SEED_LIMIT = 2**64
+
+
+def _is_int(value: Any) -> bool:
+    """An integer (Python's or numpy's), not a bool: ``True`` is an int in Python but never a size."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_field(field: str, value: Any) -> None:
+    """Raise ``UsageError("field=value: reason")`` unless ``value`` is valid for that :class:`CaseSpec` field."""
+    reason = _FIELD_CHECKS[field](value)
+    if reason is not None:
+        raise UsageError(f"{field}={value!r}: {reason}")
+
+
+def _size(minimum: int):
+    def check(value: Any) -> str | None:
+        if not _is_int(value) or value < minimum:
+            return f"must be an integer >= {minimum}"
+        return None
+
+    return check
+
+
+def _flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+def _dtype(value: Any) -> str | None:
+    return None if isinstance(value, str) and value in DTYPES else f"must be one of {', '.join(DTYPES)}"
+
+
+def _window(value: Any) -> str | None:
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(_is_int(side) and side >= UNBOUNDED for side in value)
+    ):
+        return None
+    return "must be a (left, right) pair of integers >= -1, with -1 for an unbounded side"
+
+
+def _softmax_scale(value: Any) -> str | None:
+    """A positive finite number, or ``None`` for ``1/sqrt(head_dim)``.
+
+    Attention itself is defined for any real scale (a negative one is attention
+    on ``-K``), but the error model's magnitudes (docs/error-model.md, eq. 1:
+    ``scale * |Q| |K|^T``) and the adversarial generators (``sqrt(top / scale)``)
+    assume ``scale > 0``, so a non-positive scale is refused here, not half-checked.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return "must be a number > 0, or null for 1/sqrt(head_dim)"
+    if not (math.isfinite(value) and value > 0):
+        return (
+            "must be finite and > 0, or null for 1/sqrt(head_dim) (the error model and the value generators "
+            "assume a positive scale; for a negative one, negate k instead)"
+        )
+    return None
+
+
+def _generator(value: Any) -> str | None:
+    if isinstance(value, str) and value in values.GENERATORS:
+        return None
+    return f"is not a value generator: use one of {', '.join(sorted(values.GENERATORS))}"
+
+
+def _seed(value: Any) -> str | None:
+    return None if _is_int(value) and 0 <= value < SEED_LIMIT else "must be an integer in [0, 2**64)"
+
+
+def _name(value: Any) -> str | None:
+    return None if isinstance(value, str) else "must be a string"
+
+
+#: One check per :class:`CaseSpec` field: ``value -> None`` if valid, else the reason and the fix.
+_FIELD_CHECKS = {
+    "batch": _size(1),
+    "seqlen_q": _size(0),
+    "seqlen_k": _size(0),
+    "heads_q": _size(1),
+    "heads_kv": _size(1),
+    "head_dim": _size(1),
+    "dtype": _dtype,
+    "causal": _flag,
+    "window_size": _window,
+    "softmax_scale": _softmax_scale,
+    "generator": _generator,
+    "seed": _seed,
+    "backward": _flag,
+    "deterministic": _flag,
+    "name": _name,
+}
 
 
 @dataclasses.dataclass(frozen=True)

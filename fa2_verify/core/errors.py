@@ -29,6 +29,10 @@ class DeviceUnavailable(Fa2VerifyError):
     """The requested device (e.g. ``cuda``) is not present on this machine."""
 
 
+class CaseTooLarge(Fa2VerifyError):
+    """A case whose estimated memory exceeds what its device or the host has free (``verify.memory``)."""
+
+
 class GoldenError(Fa2VerifyError):
     """The golden could not be computed or certified to its stated bound."""
 

@@ -61,15 +61,8 @@ def uniform(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
 
 
 def generate(spec: "CaseSpec") -> Tensors:
-    """Draw the float64 inputs of ``spec`` from its generator and seed."""
-    try:
-        generator = GENERATORS[spec.generator]
-    except KeyError:
-        from fa2_verify.core.errors import UsageError
-
-        raise UsageError(
-            f"generator={spec.generator!r} is not a value generator: use one of {', '.join(sorted(GENERATORS))}"
-        ) from None
+    """Draw the float64 inputs of ``spec`` from its generator and seed (both validated by ``CaseSpec``)."""
+    generator = GENERATORS[spec.generator]
     rng = torch.Generator().manual_seed(spec.seed)
     return generator(spec, rng)
 

@@ -27,8 +27,9 @@ from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.verify.check import golden_for
-from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.core.errors import CaseTooLarge, UnsupportedCase
 from fa2_verify.verify.kernel_call import KernelFailure
+from fa2_verify.verify.memory import require_fits
 from fa2_verify.verify.metrics import OutputComparison, describe_failure
 from fa2_verify.verify.results import CaseResult
 
@@ -43,8 +44,16 @@ def score(suite: Suite, label: str, spec: CaseSpec, value: float) -> None:
 
 
 def introduce(suite: Suite, spec: CaseSpec) -> None:
-    """Attach the case's one-line reproduction to the example (printed if it fails)."""
+    """Attach the case's one-line reproduction to the example (printed if it fails).
+
+    A case larger than the memory free (:func:`verify.memory.require_fits`)
+    is declined before anything is allocated, counted as unsupported with the estimate.
+    """
     note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
+    try:
+        require_fits(spec, suite.device, suite.golden_options)
+    except CaseTooLarge as exc:
+        declined(suite, str(exc))
 
 
 def declined(suite: Suite, reason: str) -> NoReturn:

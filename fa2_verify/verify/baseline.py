@@ -19,30 +19,43 @@ plus every case's verdict and the kernel's capabilities.  Layout
 ``jitter`` is the spread (max - min) of each quantile over ``repeats`` runs:
 zero for a deterministic kernel, the size of atomic-accumulation noise for a
 kernel such as a default-mode backward with atomic dQ.  The gate widens its
-margin by it.  Loading checks every field; anything missing or malformed is a
-:class:`~core.errors.BaselineError`, so the gate fails closed.
+margin by it.  Loading validates the whole file against its JSON Schema
+(:data:`SCHEMA_PATH`) and then the invariants a schema cannot state
+(:func:`baseline_from_dict`); :func:`require_coverage` checks, before the gate
+runs, that it holds every case and group of the corpus it gates.  Anything
+missing or malformed is a :class:`~core.errors.BaselineError` naming the
+field, so the gate fails closed; a baseline is validated the same way before
+it is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+import jsonschema
+
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.contract import Capabilities
 from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError
-from fa2_verify.verify.metrics import QUANTILES, decode_float, encode_float
+from fa2_verify.verify.metrics import QUANTILES, encode_float
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.report_json import collect_environment, group_comparisons, max_quantiles
 from fa2_verify.verify.results import CaseResult, RunResult, device_name
 
 SCHEMA = "fa2-verify/baseline"
 SCHEMA_VERSION = 1
+
+#: The JSON Schema of a baseline file (package data); :func:`baseline_from_dict` adds what a schema cannot state.
+SCHEMA_PATH = pathlib.Path(__file__).resolve().parent / "schemas" / "baseline.schema.json"
 
 #: The metrics a baseline keeps (dimensionless both); :mod:`verify.gate` decides which of them gate.
 BASELINE_METRICS: tuple[str, ...] = ("normalized", "ulp")
@@ -138,62 +151,174 @@ class Baseline:
         }
 
 
-def _metric_table(record: Any, where: str) -> dict[str, dict[str, float]]:
-    if not isinstance(record, dict) or set(record) != set(BASELINE_METRICS):
-        raise ValueError(f"{where} must map exactly {list(BASELINE_METRICS)} to quantiles")
-    table = {}
-    for metric, values in record.items():
-        if not isinstance(values, dict) or set(values) != set(QUANTILES):
-            raise ValueError(f"{where}.{metric} must have exactly the quantiles {list(QUANTILES)}")
-        decoded = {name: decode_float(value) for name, value in values.items()}
-        if any(math.isnan(value) or value < 0 for value in decoded.values()):
-            raise ValueError(f"{where}.{metric} has a negative or NaN quantile")
-        table[metric] = decoded
-    return table
+def _field(parts: Sequence[str | int]) -> str:
+    """A JSON path as a field name: ``groups[3].quantiles.normalized.max``."""
+    name = ""
+    for part in parts:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name or "baseline"
+
+
+@functools.cache
+def _schema_validator() -> jsonschema.protocols.Validator:
+    return jsonschema.Draft202012Validator(json.loads(SCHEMA_PATH.read_text(encoding="utf-8")))
+
+
+def _check_schema(record: Any) -> None:
+    """Raise ``ValueError`` naming the field where ``record`` breaks :data:`SCHEMA_PATH` (the most relevant one)."""
+    error = jsonschema.exceptions.best_match(_schema_validator().iter_errors(record))
+    if error is not None:
+        raise ValueError(f"{_field(list(error.absolute_path))}: {error.message}")
+
+
+def _check_group(group: GroupBaseline, where: str, repeats: int) -> None:
+    """The invariants of a group's numbers that the schema cannot state.
+
+    Every quantile is finite (a group holding an infinite or NaN error cannot
+    be gated: nothing exceeds +inf) and ``p50 <= p90 <= p99 <= p99.9 <= max``,
+    as each stored quantile is a maximum over cases and repeats of ordered
+    per-case quantiles.  The jitter of a quantile is the spread
+    ``max - min >= 0`` of its values over the repeats while the quantile is
+    their maximum, so ``0 <= jitter <= quantile``, and ``jitter = 0`` when
+    there was one repeat.
+    """
+    for metric in BASELINE_METRICS:
+        values, spreads = group.quantiles[metric], group.jitter[metric]
+        for table, kind in ((values, "quantiles"), (spreads, "jitter")):
+            for name, value in table.items():
+                if not math.isfinite(value):
+                    raise ValueError(f"{where}.{kind}.{metric}.{name}={value!r}: must be a finite number")
+        ordered = list(QUANTILES)
+        for lower, upper in zip(ordered, ordered[1:]):
+            if values[lower] > values[upper]:
+                raise ValueError(
+                    f"{where}.quantiles.{metric}.{upper}={values[upper]!r}: below {lower}={values[lower]!r}, "
+                    "quantiles must rise from p50 to max"
+                )
+        for name, spread in spreads.items():
+            if spread > values[name] or (repeats == 1 and spread != 0):
+                limit = "0 with repeats=1" if repeats == 1 else f"at most the quantile, {values[name]!r}"
+                raise ValueError(f"{where}.jitter.{metric}.{name}={spread!r}: must be {limit}")
+
+
+def _check_case(case: CaseBaseline, failed_outputs: list[str], where: str) -> None:
+    """A case's verdict agrees with itself: its status, reason and per-output pass/fail."""
+    if sorted(failed_outputs) != sorted(case.failed_outputs):
+        raise ValueError(
+            f"{where}.failed_outputs={failed_outputs!r}: must list the outputs that are false, {case.failed_outputs}"
+        )
+    compared = case.status in ("passed", "failed")
+    if compared != (case.reason is None):
+        raise ValueError(f"{where}.reason={case.reason!r}: a {case.status} case has {'no' if compared else 'a'} reason")
+    if case.status == "passed" and (not case.outputs or case.failed_outputs):
+        raise ValueError(f"{where}.outputs={case.outputs!r}: a passed case has every output compared and true")
+    if case.status == "failed" and not case.failed_outputs:
+        raise ValueError(f"{where}.outputs={case.outputs!r}: a failed case has an output that is false")
 
 
 def baseline_from_dict(record: Any) -> Baseline:
-    """Validate a parsed baseline; raises ``ValueError``/``KeyError``/``TypeError`` on anything malformed."""
+    """Validate a parsed baseline: the schema, then the invariants of its groups and cases.
+
+    Raises ``ValueError`` whose one-line message starts with the field, e.g.
+    ``groups[0].jitter.normalized.max=1000000000.0: must be at most the quantile, 0.5``.
+    """
     if not isinstance(record, dict) or record.get("schema") != SCHEMA:
         raise ValueError(f"it is not a {SCHEMA} file")
+    _check_schema(record)
+    repeats = record["repeats"]
     groups = {}
     for index, group in enumerate(record["groups"]):
         entry = GroupBaseline(
-            dtype=str(group["dtype"]),
-            output=str(group["output"]),
-            feature=str(group["feature"]),
-            cases=int(group["cases"]),
-            quantiles=_metric_table(group["quantiles"], f"groups[{index}].quantiles"),
-            jitter=_metric_table(group["jitter"], f"groups[{index}].jitter"),
+            dtype=group["dtype"],
+            output=group["output"],
+            feature=group["feature"],
+            cases=group["cases"],
+            quantiles={metric: {q: float(v) for q, v in table.items()} for metric, table in group["quantiles"].items()},
+            jitter={metric: {q: float(v) for q, v in table.items()} for metric, table in group["jitter"].items()},
         )
+        _check_group(entry, f"groups[{index}]", repeats)
         if entry.key in groups:
-            raise ValueError(f"group {entry.where} appears twice")
+            raise ValueError(f"groups[{index}]: the group {entry.where} appears twice")
         groups[entry.key] = entry
     cases = {}
     for name, case in record["cases"].items():
-        if case["status"] not in _STATUS_RANK:
-            raise ValueError(f"case {name!r} has status {case['status']!r}")
-        outputs = case["outputs"]
-        if not isinstance(outputs, dict) or not all(isinstance(v, bool) for v in outputs.values()):
-            raise ValueError(f"case {name!r}: 'outputs' must map output names to true/false")
-        cases[str(name)] = CaseBaseline(status=case["status"], reason=case["reason"], outputs=dict(outputs))
+        entry = CaseBaseline(status=case["status"], reason=case["reason"], outputs=dict(case["outputs"]))
+        _check_case(entry, case["failed_outputs"], f"cases.{name}")
+        cases[name] = entry
     corpus = record["corpus"]
-    capabilities = record["capabilities"]
-    if not isinstance(capabilities, dict) or not isinstance(capabilities.get("dtypes"), dict):
-        raise ValueError("'capabilities' is not a Capabilities.as_dict() record")
     return Baseline(
-        kernel=str(record["kernel"]),
-        device=str(record["device"]),
-        device_name=str(record["device_name"]),
-        corpus_version=int(corpus["version"]),
-        corpus_digest=str(corpus["digest"]),
-        dtypes=tuple(str(dtype) for dtype in record["dtypes"]),
-        repeats=int(record["repeats"]),
-        capabilities=capabilities,
+        kernel=record["kernel"],
+        device=record["device"],
+        device_name=record["device_name"],
+        corpus_version=corpus["version"],
+        corpus_digest=corpus["digest"],
+        dtypes=tuple(record["dtypes"]),
+        repeats=repeats,
+        capabilities=record["capabilities"],
         groups=groups,
         cases=cases,
-        environment=dict(record.get("environment") or {}),
+        environment=dict(record["environment"]),
     )
+
+
+def compared_outputs(spec: CaseSpec) -> tuple[str, ...]:
+    """The outputs a run of ``spec`` compares with the golden: the forward's, and the backward's when it has one."""
+    return ("out", "lse", "dq", "dk", "dv") if spec.backward else ("out", "lse")
+
+
+def _capabilities(record: dict[str, Any]) -> Capabilities:
+    """The :class:`Capabilities` of a schema-valid ``Capabilities.as_dict()`` record (unknown fields ignored)."""
+    return Capabilities(
+        dtypes={device: tuple(names) for device, names in record["dtypes"].items()},
+        head_dims=tuple(record["head_dims"]),
+        device_head_dims={device: tuple(dims) for device, dims in record.get("device_head_dims", {}).items()},
+        **{flag: record[flag] for flag in ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen")},
+    )
+
+
+def require_coverage(baseline: Baseline, specs: Sequence[CaseSpec]) -> None:
+    """Raise ``ValueError`` unless ``baseline`` holds exactly what a gate run of ``specs`` compares.
+
+    Every case has a verdict; a case compared (passed or failed) is one the
+    baseline's own capabilities support, with every output of
+    :func:`compared_outputs`; every (dtype, output, feature) group of those
+    outputs is present, counting between the cases that compared it and
+    those plus the errored or unsupported cases that compared it in some
+    repeat; and no group is left that no case compares.  A baseline with a
+    group deleted, or capabilities emptied, would otherwise leave part of the
+    corpus ungated while the gate passes.
+    """
+    names = [spec.name for spec in specs]
+    missing, extra = sorted(set(names) - set(baseline.cases)), sorted(set(baseline.cases) - set(names))
+    if missing or extra:
+        raise ValueError(f"cases: {missing or 'none'} missing, {extra or 'none'} not in the corpus")
+    capabilities = _capabilities(baseline.capabilities)
+    required: dict[tuple[str, str, str], int] = {}
+    possible: dict[tuple[str, str, str], int] = {}
+    for spec in specs:
+        case, outputs = baseline.cases[spec.name], compared_outputs(spec)
+        compared = case.status in ("passed", "failed")
+        where = f"cases.{spec.name}"
+        reason = spec.unsupported_reason(capabilities, baseline.device) if compared else None
+        if reason is not None:
+            raise ValueError(f"{where}.status={case.status!r}: the baseline's capabilities exclude it ({reason})")
+        recorded = set(case.outputs)
+        if not (recorded == set(outputs) if compared else recorded <= set(outputs)):
+            raise ValueError(f"{where}.outputs: has {sorted(recorded)}, the case compares {sorted(outputs)}")
+        tally = required if compared else possible
+        for output in case.outputs:
+            key = (spec.dtype, output, spec.feature())
+            tally[key] = tally.get(key, 0) + 1
+    for key, count in required.items():
+        group = baseline.groups.get(key)
+        where = "/".join(key)
+        if group is None:
+            raise ValueError(f"groups: {where} is missing, though {count} case(s) of it were compared")
+        if not count <= group.cases <= count + possible.get(key, 0):
+            raise ValueError(f"groups[{where}].cases={group.cases}: {count} case(s) of it were compared")
+    for key, group in baseline.groups.items():
+        if key not in required and key not in possible:
+            raise ValueError(f"groups[{group.where}]: no case of the corpus compares it")
 
 
 def load_baseline(path: str | pathlib.Path) -> Baseline:
@@ -205,7 +330,7 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
     if not path.is_file():
         raise BaselineError(f"--baseline={path} does not exist: {fix}")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"--baseline={path} cannot be read ({exc}): {fix}") from None
     except json.JSONDecodeError as exc:
@@ -219,9 +344,13 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
         )
     try:
         return baseline_from_dict(record)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        detail = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
-        raise BaselineError(f"--baseline={path} is corrupt ({detail}): {fix}") from None
+    except ValueError as exc:
+        raise BaselineError(f"--baseline={path} is corrupt ({exc}): {fix}") from None
+
+
+def _refuse_constant(constant: str) -> None:
+    """``json.loads`` hook: ``NaN`` and ``Infinity`` are not JSON, and a baseline written here never holds them."""
+    raise json.JSONDecodeError(f"{constant} is not strict JSON", constant, 0)
 
 
 def dumps(baseline: Baseline) -> str:
@@ -245,8 +374,20 @@ def dumps(baseline: Baseline) -> str:
 
 
 def write_baseline(baseline: Baseline, path: str | pathlib.Path, *, overwrite: bool) -> pathlib.Path:
-    """Write ``baseline`` atomically (:func:`dumps`) to the ``--out`` path; an existing file is kept unless ``overwrite``."""
-    return write_text_atomic(path, dumps(baseline), overwrite=overwrite, flag="--out")
+    """Write ``baseline`` atomically (:func:`dumps`) to the ``--out`` path; an existing file is kept unless ``overwrite``.
+
+    It is validated as :func:`load_baseline` would read it, so a baseline that
+    could not gate (e.g. a group with a non-finite error) is never written.
+    """
+    text = dumps(baseline)
+    try:
+        baseline_from_dict(json.loads(text))
+    except ValueError as exc:
+        raise BaselineError(
+            f"the run of {baseline.kernel} cannot be a baseline ({exc}): a group whose errors are not finite "
+            "cannot be gated; fix the kernel, or leave that dtype out with --dtypes"
+        ) from None
+    return write_text_atomic(path, text, overwrite=overwrite, flag="--out")
 
 
 def measure(

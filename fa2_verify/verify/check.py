@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from fa2_verify import golden as golden_module
-from fa2_verify.verify import error_model, lowprec, metrics
+from fa2_verify.verify import error_model, lowprec, memory, metrics
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed
@@ -158,7 +158,14 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
 def run_cases(
     kernel: LoadedKernel, specs: Iterable[CaseSpec], device: str, *, golden_options: Any = None
 ) -> RunResult:
-    """:func:`check_case` over ``specs`` on ``device``, with the run's config, environment and thresholds."""
+    """:func:`check_case` over ``specs`` on ``device``, with the run's config, environment and thresholds.
+
+    Every spec is first checked to fit in memory (:func:`verify.memory.require_fits`),
+    so a case too large is refused before any case runs.
+    """
+    specs = tuple(specs)
+    for spec in specs:
+        memory.require_fits(spec, device, golden_options)
     cases = [check_case(kernel, make_case(spec, device), golden_options=golden_options) for spec in specs]
     return RunResult(
         kernel=kernel.name,

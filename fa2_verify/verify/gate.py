@@ -18,8 +18,9 @@ It fails (docs/design.md, "Gate"; docs/reports-and-gate.md) when
 The corpus is deterministic and its golden cached, so two runs of an
 unchanged kernel give identical quantiles: the margin guards against kernel
 changes, not noise.  It fails closed: a missing, corrupt or mismatched baseline
-(kernel, device, corpus version or digest, schema version, dtype set) raises
-:class:`~core.errors.BaselineError` before anything runs.
+(kernel, device, corpus version or digest, schema version, dtype set), or one
+that does not cover every case and every (dtype, output, feature) group the
+run compares, raises :class:`~core.errors.BaselineError` before anything runs.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline
+from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline, require_coverage
 from fa2_verify.verify.results import device_name
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, UsageError
+from fa2_verify.verify.error_model import THRESHOLDS
 from fa2_verify.verify.metrics import OUTPUT_AXES, QUANTILES
 
 #: The metric whose rise fails the gate.  The ULP distance is compared too, but
@@ -65,6 +67,12 @@ class Margins:
                 raise UsageError(f"--floor {metric}={floor}: unknown metric, use one of {', '.join(BASELINE_METRICS)}")
             if not (floor >= 0 and math.isfinite(floor)):
                 raise UsageError(f"--floor {metric}={floor} is not valid: use a finite number >= 0")
+            if metric == GATING_METRIC and floor >= min(THRESHOLDS.values()):
+                raise UsageError(
+                    f"--floor {metric}={floor} is not valid: a floor at the pass threshold "
+                    f"{min(THRESHOLDS.values()):g} would let a quantile rise through the whole passing range "
+                    "unseen; use a number below it, e.g. 0.02"
+                )
         for metric in BASELINE_METRICS:
             if metric not in self.floors:
                 raise UsageError(f"margins lack a floor for {metric}: give --floor {metric}=VALUE")
@@ -115,7 +123,12 @@ class GateResult:
 def check_compatible(
     baseline: Baseline, *, kernel: str, device: str, corpus: Corpus, dtypes: tuple[str, ...], source: str
 ) -> None:
-    """Raise :class:`BaselineError` naming every way ``baseline`` does not match this gate run."""
+    """Raise :class:`BaselineError` naming every way ``baseline`` does not match this gate run.
+
+    First the identity (kernel, device, corpus, dtypes), then the coverage
+    (:func:`verify.baseline.require_coverage`): a verdict for every case and a
+    group for every output those cases compared.
+    """
     expected = {
         "kernel": (baseline.kernel, kernel),
         "device": (baseline.device, device),
@@ -125,11 +138,13 @@ def check_compatible(
         "dtypes": (",".join(sorted(baseline.dtypes)), ",".join(sorted(dtypes))),
     }
     mismatches = [f"{name} {was!r} != {now!r}" for name, (was, now) in expected.items() if was != now]
+    fix = f"record a baseline for it with `fa2-verify baseline --kernel {kernel} --device {device} --out FILE`"
     if mismatches:
-        raise BaselineError(
-            f"--baseline={source} does not match this run ({'; '.join(mismatches)}): "
-            f"record a baseline for it with `fa2-verify baseline --kernel {kernel} --device {device} --out FILE`"
-        )
+        raise BaselineError(f"--baseline={source} does not match this run ({'; '.join(mismatches)}): {fix}")
+    try:
+        require_coverage(baseline, corpus.select(dtypes))
+    except ValueError as exc:
+        raise BaselineError(f"--baseline={source} does not cover this run ({exc}): {fix}") from None
 
 
 def _percent(before: float, after: float) -> str:

@@ -1,8 +1,10 @@
 """``fa2-verify gate``: fail when a kernel regresses against its baseline on the gate corpus.
 
-Checks first that the baseline matches this run (kernel, device and its name,
-corpus version and digest, schema version, dtype set) and fails closed when
-it does not; then runs the corpus and compares (:mod:`verify.gate`), printing
+Checks first the whole baseline (its JSON Schema and invariants,
+:func:`verify.baseline.load_baseline`), that it matches this run (kernel,
+device and its name, corpus version and digest, schema version, dtype set)
+and that it covers every case and group of it (:func:`verify.gate.check_compatible`),
+and fails closed when it does not; then runs the corpus and compares (:mod:`verify.gate`), printing
 every regression: which quantile of which (dtype, output, feature) rose and by
 how much, which case newly fails, which capability disappeared.  Exit status:
 0 no regression, 1 a regression, 2 a missing, corrupt or mismatched baseline

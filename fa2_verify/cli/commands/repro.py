@@ -4,7 +4,9 @@
 reproduction line (:meth:`core.case.CaseSpec.reproduction`).  Prints the
 case's table row(s), every metric's quantiles per output, and the failure
 description of each failing output.  Exit status: 0 passed, 1 failed or the
-kernel raised, 2 (one line on stderr) for bad arguments or an unsupported case.
+kernel raised, 2 (one line on stderr) for bad arguments, an unsupported case, or a
+case larger than the memory free (:func:`verify.memory.require_fits`, checked
+before anything is allocated).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.verify.check import check_case
+from fa2_verify.verify.memory import require_fits
 from fa2_verify.cli.commands.run import add_target_arguments, failure_descriptions, format_table, resolve_target
 from fa2_verify.core.errors import UnsupportedCase, UsageError
 from fa2_verify.verify.results import CaseResult
@@ -33,12 +36,10 @@ def parse_case(text: str) -> CaseSpec:
         raise UsageError(
             f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
         ) from None
-    if not isinstance(record, dict):
-        raise UsageError(f"--case must be a JSON object, got {type(record).__name__}: pass a failure's case spec")
     try:
         return CaseSpec.from_dict(record)
-    except TypeError as exc:
-        raise UsageError(f"--case is not a complete case spec ({exc}): pass a failure's case spec") from None
+    except UsageError as exc:
+        raise UsageError(f"--case: {exc}") from None
 
 
 def _details(result: CaseResult) -> list[str]:
@@ -65,6 +66,7 @@ def _details(result: CaseResult) -> list[str]:
 def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device)
     spec = parse_case(args.case)
+    require_fits(spec, args.device)
     result = check_case(kernel, make_case(spec, args.device))
     if result.status == "unsupported":
         raise UnsupportedCase(

@@ -1,0 +1,261 @@
+"""The size guard: a case's memory, estimated from its spec before anything is allocated.
+
+Every entry that builds cases calls :func:`require_fits` first: ``run``,
+``baseline`` and ``gate`` through :func:`verify.check.run_cases`, ``repro``,
+and the property suite (``properties.verdicts.introduce``).  A case larger
+than the memory free on its device (or in host RAM) is refused in one line
+that gives the estimate, where it goes, and the memory free, instead of a
+traceback or a kernel error after minutes of work.
+
+The estimate follows :func:`verify.check.check_case` stage by stage and, for
+each stage, adds the buffers alive at its peak (including what earlier stages
+hold); the answer is the largest stage.  With ``s`` the dtype's size in bytes,
+``Q = batch*seqlen_q*heads_q*head_dim`` and ``K = batch*seqlen_k*heads_kv*head_dim``
+elements, ``R = batch*heads_q*seqlen_q`` rows and
+``P = batch*heads_q*seqlen_q*seqlen_k`` scores:
+
+* *inputs* (host, then device): the float64 draws ``8 (2Q + 2K)`` with the
+  generator's temporaries, then the inputs ``s (2Q + 2K)`` on the device;
+* *kernel* (device): the outputs and their clones, ``2 (s (2Q + 2K) + 4R)``,
+  the copies of ``out`` and ``lse`` handed to the backward, and an FA2
+  backward's float32 dQ accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023,
+  Algorithm 2 line 15); on the host, the bit copies of every tensor a call
+  must leave unchanged (:mod:`verify.kernel_call`);
+* *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
+  two layouts, one row block of about ``BLOCK_ELEMENTS[device]`` scores (at
+  least one row; the mask is kept as key ranges); on the host, the outputs'
+  copy for the golden cache and, where mpmath may serve the case, its mpf
+  weights (``2 P / batch`` of them); the outputs stay on the device;
+* *error model* (device, :mod:`verify.error_model`): float64 copies of the
+  inputs, the bounds, the dK/dV accumulators and temporaries, one block of about
+  ``WORK_ELEMENTS[device]`` scores (at least one row; the mask is kept as
+  key ranges);
+* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio, run
+  only up to ``lowprec.MAX_SCORES`` scores): full ``P``-element score
+  matrices in the dtype, with their gradients, and the inputs' clones, K and V
+  repeated over the query heads and their gradients;
+* *comparison* (device, :func:`verify.metrics.compare`): float64 work arrays
+  of one chunk of ``CHUNK_ELEMENTS`` elements.
+
+Nothing is ``P``-sized above ``lowprec.MAX_SCORES``: the golden, the error
+model and the comparison work in row blocks or chunks, so a 128k-token case
+costs them its inputs, outputs and bounds, not a ``seqlen_q x seqlen_k``
+matrix.
+
+Of the kernel's own workspace only what every FA2 backward needs is counted
+(the float32 dQ accumulator and ``D``); a kernel that needs more is the
+kernel's business.  On the
+CPU the device is host RAM, and both are one budget.  The counts of
+simultaneous copies (``*_COPIES``) were read from the code and compared with
+the resident-memory peaks of each stage run alone on the CPU (forked, so
+noisy: docs/design.md, "Cases and their size").  When a stage changes how it
+works in blocks or where it runs, update its stage here with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+
+import torch
+
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.errors import CaseTooLarge
+from fa2_verify.golden.fast import BLOCK_ELEMENTS
+from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
+from fa2_verify.verify.error_model import work_elements
+from fa2_verify.verify.lowprec import fits as naive_attention_runs
+from fa2_verify.verify.metrics import CHUNK_ELEMENTS
+
+FLOAT64 = 8
+FLOAT32 = 4
+
+#: Float64 temporaries of the size of the largest input that a value generator
+#: holds besides its four results (:mod:`core.values`: noise, masks, ``where``).
+GENERATOR_COPIES = 3
+
+#: Float64 temporaries per element of a golden row block (:mod:`golden.fast`:
+#: the score pair, logits, exponentials, P, dP pair, shifted dP, dS, and the
+#: products of :func:`golden.eft.dd_matmul`; measured 8 to 9 with tracemalloc).
+GOLDEN_BLOCK_COPIES = 12
+
+#: Bytes of one mpmath number at 113 bits with its list slot (measured: 232 + 8).
+MPF_BYTES = 256
+
+#: Float64 temporaries per element of an error-model chunk (:mod:`verify.error_model`:
+#: logits and their absolute value, magnitudes, P, Delta, P Delta, P's error,
+#: dP, |dP - D|, |dS|, dS's bound and the temporaries of the expressions forming
+#: them; the peak resident memory measured up to 34 with the allocator's reuse).
+ERROR_MODEL_CHUNK_COPIES = 36
+
+#: Float64 arrays of dK's size the error model holds besides the bounds: the
+#: four dK/dV accumulators and the temporaries of the final dK/dV expressions
+#: (docs/error-model.md, eqs. 7 and 9).
+ERROR_MODEL_KEY_COPIES = 8
+
+#: Score matrices of ``P`` elements in the dtype alive at once in the naive
+#: attention with its autograd backward (:mod:`verify.lowprec`: the scores,
+#: scaled, masked, the softmax and its masked copy saved for the backward, and
+#: the gradients formed from them).
+LOWPREC_SCORE_COPIES = 6
+
+#: Float64 arrays of a comparison chunk's size alive while an output is compared
+#: (:func:`verify.metrics.compare`, in chunks of ``CHUNK_ELEMENTS``: actual,
+#: error, normalized, ULPs, relative, magnitudes, the naive output's errors,
+#: and the quantile selection's work; 25 measured on the CPU).
+COMPARE_COPIES = 28
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """Bytes alive at one stage's peak: on the case's device, and in host RAM besides."""
+
+    name: str
+    device: int
+    host: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    """The stages of one case, and their peaks."""
+
+    stages: tuple[Stage, ...]
+
+    @property
+    def device(self) -> int:
+        return max(stage.device for stage in self.stages)
+
+    @property
+    def host(self) -> int:
+        return max(stage.host for stage in self.stages)
+
+    @property
+    def combined(self) -> int:
+        """The peak when device and host are one memory (the CPU)."""
+        return max(stage.device + stage.host for stage in self.stages)
+
+    def largest(self, on_cpu: bool) -> Stage:
+        return max(self.stages, key=lambda stage: stage.device + stage.host if on_cpu else stage.device)
+
+
+def _block(limit: int, spec: CaseSpec) -> int:
+    """Scores in one row block: ``max(1, limit // seqlen_k)`` rows (at most ``seqlen_q``) of ``seqlen_k`` keys."""
+    return min(max(1, limit // max(spec.seqlen_k, 1)), spec.seqlen_q) * spec.seqlen_k
+
+
+def estimate(
+    spec: CaseSpec, device: str | torch.device = "cpu", golden_options: GoldenOptions | None = None
+) -> Estimate:
+    """The memory of :func:`verify.check.check_case` on ``spec`` on ``device`` (the module docstring has the terms)."""
+    options = golden_options or GoldenOptions()
+    size = spec.torch_dtype.itemsize
+    queries = spec.batch * spec.seqlen_q * spec.heads_q * spec.head_dim
+    keys = spec.batch * spec.seqlen_k * spec.heads_kv * spec.head_dim
+    rows = spec.batch * spec.heads_q * spec.seqlen_q
+    scores = rows * spec.seqlen_k
+    gradients = spec.backward
+
+    inputs = size * (2 * queries + 2 * keys)
+    outputs = size * queries + 4 * rows + (size * (queries + 2 * keys) if gradients else 0)
+    golden_inputs = FLOAT64 * (queries * (2 if gradients else 1) + 2 * keys)
+    golden_outputs = FLOAT64 * (queries + 2 * rows + ((queries + 2 * keys) if gradients else 0))
+    bounds = golden_outputs
+    held_device = inputs + outputs
+    workspace = FLOAT32 * (queries + rows) if gradients else 0
+    handed = size * queries + 4 * rows if gradients else 0
+
+    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
+    golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
+    # contract <-> head-major layouts: measured peaks need both copies of the inputs and outputs
+    golden_work = 2 * golden_inputs + 2 * golden_outputs + golden_block + golden_rows
+    work = scores * spec.head_dim
+    golden_host = golden_outputs
+    if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
+        golden_host += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
+
+    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(work_elements(device), spec)
+    key_work = ERROR_MODEL_KEY_COPIES * FLOAT64 * keys if gradients else 0
+    error_model_work = golden_inputs + bounds + key_work + chunk
+
+    naive_outputs, naive_work = 0, 0
+    if naive_attention_runs(spec):
+        naive_outputs = outputs
+        repeated_keys = spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim
+        naive_work = size * (LOWPREC_SCORE_COPIES * scores + queries + 2 * keys + 4 * repeated_keys)
+    largest_output = max(queries, keys if gradients else 0, rows)
+    compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
+
+    return Estimate(
+        (
+            Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
+            Stage("kernel", inputs + 2 * outputs + handed + workspace, inputs + handed + size * max(queries, keys)),
+            Stage("golden", held_device + golden_work, golden_host),
+            Stage("error model", held_device + golden_outputs + error_model_work, 0),
+            Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
+            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + compare_work, 0),
+        )
+    )
+
+
+def _meminfo_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (Linux), else ``None``."""
+    try:
+        for line in pathlib.Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def free_memory(device: str | torch.device) -> int:
+    """Bytes that a case may still take on ``device``.
+
+    CPU: ``MemAvailable`` (free memory plus reclaimable caches), else free
+    physical pages.  CUDA: ``torch.cuda.mem_get_info``'s free memory plus what
+    PyTorch's caching allocator holds reserved but unused.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    available = _meminfo_available()
+    if available is None:
+        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return available
+
+
+def _bytes(count: float) -> str:
+    """``3.2 GiB``-style size."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    index = 0
+    while count >= 1024 and index < len(units) - 1:
+        count /= 1024
+        index += 1
+    return f"{count:.4g} {units[index]}"
+
+
+def require_fits(spec: CaseSpec, device: str | torch.device, golden_options: GoldenOptions | None = None) -> None:
+    """Raise :class:`CaseTooLarge` when ``spec`` needs more memory than ``device`` (or the host) has free."""
+    device = torch.device(device)
+    needed = estimate(spec, device, golden_options)
+    label = spec.name or "the case"
+    shape = (
+        f"batch={spec.batch}, seqlen_q={spec.seqlen_q}, seqlen_k={spec.seqlen_k}, heads_q={spec.heads_q}, "
+        f"heads_kv={spec.heads_kv}, head_dim={spec.head_dim}, {spec.dtype}"
+    )
+    fix = "use a smaller batch, sequence length, head count or head dim"
+    if device.type == "cpu":
+        checks = [("cpu", needed.combined, free_memory("cpu"), needed.largest(on_cpu=True).name)]
+    else:
+        checks = [
+            (str(device), needed.device, free_memory(device), needed.largest(on_cpu=False).name),
+            ("host RAM", needed.host, free_memory("cpu"), max(needed.stages, key=lambda stage: stage.host).name),
+        ]
+    for where, amount, free, stage in checks:
+        if amount > free:
+            raise CaseTooLarge(
+                f"{label} ({shape}) needs about {_bytes(amount)} on {where} (at its {stage} stage), "
+                f"{_bytes(free)} is free: {fix}"
+            )
