@@ -167,8 +167,11 @@ def estimate(
 
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
-    # contract <-> head-major layouts: measured peaks need both copies of the inputs and outputs
-    golden_work = 2 * golden_inputs + 2 * golden_outputs + golden_block + golden_rows
+    # contract <-> head-major layouts (golden.inputs, golden.api): each input is converted on its own (its
+    # contract-layout float64 copy is freed once the head-major one exists), and every output is held in
+    # both layouts while the result is built, after the inputs' conversion is over
+    conversion = max(FLOAT64 * max(queries, keys), 2 * golden_outputs)
+    golden_work = golden_inputs + conversion + golden_block + golden_rows
     work = scores * spec.head_dim
     golden_host = golden_outputs
     if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
@@ -176,7 +179,8 @@ def estimate(
 
     chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(work_elements(device), spec)
     key_work = ERROR_MODEL_KEY_COPIES * FLOAT64 * keys if gradients else 0
-    error_model_work = golden_inputs + bounds + key_work + chunk
+    # the error model converts its inputs to float64 one block of rows at a time (inside ``chunk``)
+    error_model_work = bounds + key_work + chunk
 
     naive_outputs, naive_work = 0, 0
     if naive_attention_runs(spec):
