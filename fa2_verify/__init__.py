@@ -4,7 +4,8 @@ The public API a user's kernel module imports:
 
 * :class:`Capabilities`: what a kernel target supports (docs/design.md, "The kernel contract");
 * :class:`UnsupportedCase`: raised by a kernel to decline a case its capabilities cannot express;
-* :class:`CaseSpec` and :func:`check_case`: one case through a kernel, compared with the golden.
+* :class:`CaseSpec` and :func:`check_case`: one case through a kernel, compared with the golden;
+* :func:`autograd_target`: any autograd attention function as a target, in one call.
 
 Subpackages, in layers that only import downwards (docs/design.md, "Layers"):
 ``fa2_verify.core`` (errors, the contract, the case record), ``fa2_verify.kernels``
@@ -31,6 +32,7 @@ _HOMES = {
     "Fa2VerifyError": "fa2_verify.core.errors",
     "CaseSpec": "fa2_verify.core.case",
     "check_case": "fa2_verify.verify.check",
+    "autograd_target": "fa2_verify.kernels.autograd",
 }
 
 __all__ = sorted(_HOMES)

@@ -43,7 +43,7 @@ class Restricted:
 
 
 FLOAT32_ONLY = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(32, 40, 64)))
-NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=()))
+NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(8,)))
 
 
 class ExitingConfig(Restricted):

@@ -77,6 +77,15 @@ def test_a_newly_failing_case_and_a_new_error_fail():
     assert any(f.kind == "new-error" and "boom" in f.detail for f in result.regressions)
 
 
+def test_a_lost_lse_fails_and_a_baseline_older_than_the_flag_reads_it_as_declared():
+    without_lse = dataclasses.replace(CAPABILITIES, lse=False)
+    result = gate.compare(summarize(*cases()), summarize(*cases(), capabilities=without_lse))
+    assert [f.where for f in result.regressions] == ["capabilities.lse"]
+    older = summarize(*cases())
+    del older.capabilities["lse"]
+    assert gate.compare(older, summarize(*cases())).passed and not gate.compare(older, summarize(*cases())).notes
+
+
 def test_an_already_failing_case_is_not_new():
     failing = cases()
     failing[1] = synthetic_result("b", seed=2, scales={"out": 0.3, "dq": 5.0})

@@ -112,6 +112,28 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
     )
 
 
+def test_suite_verifies_a_bhsd_autograd_kernel_without_lse(run):
+    """tests/user_kernels.py: one autograd_target call; the LSE properties are skipped with the reason."""
+    kernel = "tests.user_kernels:BHSD_NO_LSE"
+    result = run(
+        "--pyargs", "fa2_verify.properties", "-k", "out_within or lse_within or lse_shifts or dq_within",
+        f"--fa2-kernel={kernel}", "--fa2-profile=dev", "--hypothesis-seed=0", "-rs",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, skipped=2)
+    result.stdout.fnmatch_lines(
+        [f"unsupported: 2 property test(s): {kernel}: kernel provides no LSE", "SKIPPED [[]2[]] *kernel provides no LSE"]
+    )
+
+
+def test_suite_draws_only_multiples_for_a_kernel_that_needs_them(run):
+    """tests/user_kernels.py: a kernel that raises on a length not a multiple of 16, declared in a plain dict."""
+    result = run(
+        "--pyargs", "fa2_verify.properties", "-k", "out_within or lse_within or causal_prefix",
+        "--fa2-kernel=tests.user_kernels:MULTIPLE_OF_16", "--fa2-profile=dev", "--hypothesis-seed=0",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3)
+
+
 def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, pytester):
     """Each property test is one Allure result, labelled, with attachments made once per test."""
     results = pytester.path / "allure-results"

@@ -56,6 +56,10 @@ def _exits():
     sys.exit(0)
 
 
+class _MisspelledCapabilities(_NoCapabilities):
+    capabilities = {"dtypes": {"cpu": ["float32"]}, "head_dims": [32], "seqlen_multiple": 16}
+
+
 NO_FORWARD = _NoForward()
 NO_CAPABILITIES = _NoCapabilities()
 DICT_CAPABILITIES = _DictCapabilities()
@@ -65,6 +69,7 @@ EXITING_UNAVAILABLE_REASON = _Hostile("unavailable_reason()", SystemExit(3))
 INTERRUPTED_UNAVAILABLE_REASON = _Hostile("unavailable_reason()", KeyboardInterrupt())
 EXITING_CONFIG = _Hostile("config()", SystemExit(0))
 FAILING_CONFIG = _Hostile("config()", ValueError("no tile table for this GPU"))
+MISSPELLED_CAPABILITIES = _MisspelledCapabilities()
 
 BAD_TARGETS = {
     "unknown-name": ("no-such-kernel", f"unknown kernel 'no-such-kernel': use one of {', '.join(sorted(BUNDLED))}, or module:attr"),
@@ -72,7 +77,10 @@ BAD_TARGETS = {
     "missing-attribute": ("tests.mutants:NO_SUCH_MUTANT", "module 'tests.mutants' has no attribute 'NO_SUCH_MUTANT'"),
     "lacks-forward": ("tests.test_registry:NO_FORWARD", "target 'tests.test_registry:NO_FORWARD' lacks 'forward'"),
     "lacks-capabilities": ("tests.test_registry:NO_CAPABILITIES", "lacks 'capabilities', required by the kernel contract"),
-    "bad-capabilities": ("tests.test_registry:DICT_CAPABILITIES", "'capabilities' is dict, expected core.contract.Capabilities"),
+    "unknown-capability-field": (
+        "tests.test_registry:MISSPELLED_CAPABILITIES",
+        "kernel 'tests.test_registry:MISSPELLED_CAPABILITIES': capabilities has unknown field(s) ['seqlen_multiple']",
+    ),
 }
 
 
@@ -137,6 +145,11 @@ def test_bundled_cpu_targets_load(name: str) -> None:
     kernel = load_kernel(name)
     assert kernel.name == name and isinstance(kernel.capabilities, Capabilities)
     assert kernel.unavailable_reason("cpu") is None
+
+
+def test_plain_dict_capabilities_load_as_the_class() -> None:
+    kernel = load_kernel("tests.test_registry:DICT_CAPABILITIES")
+    assert kernel.capabilities == DEFERRED.capabilities
 
 
 def test_module_attr_target_loads() -> None:

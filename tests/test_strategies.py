@@ -34,6 +34,8 @@ BAD_CALLS = {
     "seqlens-negative-min": lambda: shapes.seqlens(min_value=-1),
     "seqlens-zero-max": lambda: shapes.seqlens(max_value=0),
     "seqlens-bool": lambda: shapes.seqlens(max_value=True),
+    "seqlens-multiple-zero": lambda: shapes.seqlens(multiple_of=0),
+    "seqlens-no-multiple-in-range": lambda: shapes.seqlens(min_value=1, max_value=10, multiple_of=16),
     "heads-zero-kv": lambda: shapes.head_counts(max_heads_kv=0),
     "heads-min-group-without-gqa": lambda: shapes.head_counts(min_group=2, gqa=False),
     "heads-min-heads-too-large": lambda: shapes.head_counts(max_heads_kv=1, max_group=2, min_heads_q=3),

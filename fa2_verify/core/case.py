@@ -88,6 +88,7 @@ class CaseSpec:
             heads_kv=self.heads_kv,
             backward=self.backward,
             deterministic=self.deterministic,
+            seqlens=(self.seqlen_q, self.seqlen_k),
         )
 
     def to_dict(self) -> dict[str, Any]:

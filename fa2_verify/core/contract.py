@@ -23,11 +23,17 @@ aligned (:func:`visible_mask`).  A row that sees no key has ``out = 0``,
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import torch
 
+from fa2_verify.core.errors import UsageError
+
 UNBOUNDED = -1
+
+#: Why an LSE property or output is not checked for a kernel declaring ``lse=False``.
+NO_LSE_REASON = "kernel provides no LSE"
 
 DTYPES: Mapping[str, torch.dtype] = {
     "float16": torch.float16,
@@ -91,6 +97,39 @@ def visible_mask(
     return (j >= first[:, None]) & (j <= last[:, None])
 
 
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of ``multiple`` that is ``>= value``."""
+    return -(-value // multiple) * multiple
+
+
+def _fail(name: str, value: object, fix: str) -> UsageError:
+    return UsageError(f"capabilities {name}={value!r} is not valid: {fix}")
+
+
+def _int_tuple(name: str, value: object, *, minimum: int) -> tuple[int, ...]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise _fail(name, value, f"use a list of integers >= {minimum}")
+    items = tuple(value)
+    if not all(isinstance(item, int) and not isinstance(item, bool) and item >= minimum for item in items):
+        raise _fail(name, value, f"use a list of integers >= {minimum}")
+    return items
+
+
+def _sides(value: object) -> tuple[int, int]:
+    """``seqlen_multiple_of`` as (q, k): an int for both sides, or per side as ``{"q": m, "k": n}`` or ``(m, n)``."""
+    fix = 'use an integer >= 1 for both sides, or {"q": m, "k": n}'
+    if isinstance(value, Mapping):
+        if set(value) != {"q", "k"}:
+            raise _fail("seqlen_multiple_of", dict(value), fix)
+        value = (value["q"], value["k"])
+    sides = (value, value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(sides, tuple) or len(sides) != 2:
+        raise _fail("seqlen_multiple_of", value, fix)
+    if not all(isinstance(side, int) and not isinstance(side, bool) and side >= 1 for side in sides):
+        raise _fail("seqlen_multiple_of", value, fix)
+    return sides
+
+
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
     """What a kernel target supports.
@@ -99,7 +138,19 @@ class Capabilities:
     run there; a device absent from it is unsupported.  ``head_dims`` lists
     every supported head dimension; ``device_head_dims`` narrows it on a device
     whose path supports fewer (read both through :meth:`head_dims_on`).
+    ``lse=False`` declares a kernel that returns no LSE (its forward returns
+    ``(out, None)`` and its backward receives ``lse=None``); the LSE is then
+    reported as unsupported with :data:`NO_LSE_REASON`, never as passed.
+    Shape constraints: ``seqlen_multiple_of`` (an int for both sides, or
+    ``{"q": m, "k": n}``, stored as ``(m, n)``), ``equal_seqlens``
+    (``seqlen_q == seqlen_k`` only), ``min_seqlen`` and ``max_seqlen`` (``None``:
+    unbounded) on both sides.
     ``notes`` are human-readable restrictions shown by ``fa2-verify kernels``.
+
+    A user may write the same fields as a plain mapping
+    (:meth:`from_mapping`); every field is validated on construction, so a
+    declaration that leaves no shape to run fails with a one-line
+    :class:`~core.errors.UsageError`.
     """
 
     dtypes: Mapping[str, tuple[str, ...]]
@@ -110,12 +161,113 @@ class Capabilities:
     backward: bool = True
     deterministic_backward: bool = False
     varlen: bool = False
+    lse: bool = True
+    seqlen_multiple_of: int | tuple[int, int] | Mapping[str, int] = 1
+    equal_seqlens: bool = False
+    min_seqlen: int = 0
+    max_seqlen: int | None = None
     notes: tuple[str, ...] = ()
     device_head_dims: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dtypes, Mapping):
+            raise _fail("dtypes", self.dtypes, 'map a device type to dtype names, e.g. {"cuda": ["float16"]}')
+        dtypes = {}
+        for device, names in self.dtypes.items():
+            if not isinstance(names, (list, tuple)) or not all(name in DTYPES for name in names):
+                raise _fail(f"dtypes[{device!r}]", names, f"use a list of names from {', '.join(DTYPES)}")
+            dtypes[device] = tuple(names)
+        object.__setattr__(self, "dtypes", dtypes)
+        object.__setattr__(self, "head_dims", _int_tuple("head_dims", self.head_dims, minimum=1))
+        if not self.head_dims:
+            raise _fail("head_dims", self.head_dims, "list at least one head dimension")
+        if not isinstance(self.device_head_dims, Mapping):
+            raise _fail("device_head_dims", self.device_head_dims, 'map a device type to head dims, e.g. {"cuda": [64]}')
+        device_head_dims = {
+            device: _int_tuple(f"device_head_dims[{device!r}]", dims, minimum=1)
+            for device, dims in self.device_head_dims.items()
+        }
+        object.__setattr__(self, "device_head_dims", device_head_dims)
+        for flag in ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen", "lse", "equal_seqlens"):
+            if not isinstance(getattr(self, flag), bool):
+                raise _fail(flag, getattr(self, flag), "use true or false")
+        if isinstance(self.notes, str) or not all(isinstance(note, str) for note in self.notes):
+            raise _fail("notes", self.notes, "use a list of strings")
+        object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "seqlen_multiple_of", _sides(self.seqlen_multiple_of))
+        if isinstance(self.min_seqlen, bool) or not isinstance(self.min_seqlen, int) or self.min_seqlen < 0:
+            raise _fail("min_seqlen", self.min_seqlen, "use an integer >= 0")
+        if self.max_seqlen is not None and (
+            isinstance(self.max_seqlen, bool) or not isinstance(self.max_seqlen, int) or self.max_seqlen < 1
+        ):
+            raise _fail("max_seqlen", self.max_seqlen, "use an integer >= 1, or null for unbounded")
+        if any(self.smallest_seqlen(side) is None for side in (("q", "k", None) if self.equal_seqlens else ("q", "k"))):
+            raise UsageError(
+                f"capabilities leave no sequence length to run: no length in [max(1, min_seqlen={self.min_seqlen}), "
+                f"max_seqlen={self.max_seqlen}] is a multiple of seqlen_multiple_of "
+                f"{list(self.seqlen_multiple_of)} (equal_seqlens={self.equal_seqlens}): widen the range"
+            )
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> "Capabilities":
+        """Capabilities from a plain mapping with the same fields (lists for tuples)."""
+        if isinstance(mapping, Capabilities):
+            return mapping
+        if not isinstance(mapping, Mapping):
+            raise UsageError(
+                f"capabilities={type(mapping).__name__} is not valid: use a mapping (dict) or fa2_verify.Capabilities"
+            )
+        known = {field.name for field in dataclasses.fields(cls)}
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise UsageError(f"capabilities has unknown field(s) {unknown}: use fields from {', '.join(sorted(known))}")
+        missing = [name for name in ("dtypes", "head_dims") if name not in mapping]
+        if missing:
+            raise UsageError(f"capabilities lacks the required field(s) {missing}")
+        return cls(**mapping)
 
     def head_dims_on(self, device: str) -> tuple[int, ...]:
         """The head dimensions supported on ``device`` (a device or device type)."""
         return self.device_head_dims.get(torch.device(device).type, self.head_dims)
+
+    def seqlen_step(self, side: str | None = None) -> int:
+        """The multiple a length must be of on ``side`` (``"q"``, ``"k"``), or on both when ``None`` (their lcm)."""
+        multiple_q, multiple_k = self.seqlen_multiple_of
+        if side is None:
+            return math.lcm(multiple_q, multiple_k)
+        return multiple_q if side == "q" else multiple_k
+
+    def fit_seqlen(self, seqlen: int, side: str | None = None) -> int | None:
+        """``seqlen`` rounded up to a supported length of ``side`` (both sides when ``None``).
+
+        Lowered to the longest supported length when that passes ``max_seqlen``;
+        a non-empty ``seqlen`` stays non-empty.  ``None`` if no length fits.
+        """
+        step = self.seqlen_step(side)
+        fitted = round_up(max(seqlen, self.min_seqlen), step)
+        if self.max_seqlen is not None and fitted > self.max_seqlen:
+            fitted = self.max_seqlen // step * step
+            if fitted < max(self.min_seqlen, min(seqlen, 1)):
+                return None
+        return fitted
+
+    def smallest_seqlen(self, side: str | None = None) -> int | None:
+        """The shortest non-empty length ``side`` supports (both sides when ``None``); None if there is none."""
+        return self.fit_seqlen(1, side)
+
+    def seqlen_unsupported_reason(self, seqlen_q: int, seqlen_k: int) -> str | None:
+        """``None`` if the kernel runs these sequence lengths, else why not."""
+        for side, seqlen in (("q", seqlen_q), ("k", seqlen_k)):
+            step = self.seqlen_step(side)
+            if seqlen % step:
+                return f"seqlen_{side}={seqlen} is not a multiple of {step}"
+            if seqlen < self.min_seqlen:
+                return f"seqlen_{side}={seqlen} is below min_seqlen={self.min_seqlen}"
+            if self.max_seqlen is not None and seqlen > self.max_seqlen:
+                return f"seqlen_{side}={seqlen} is above max_seqlen={self.max_seqlen}"
+        if self.equal_seqlens and seqlen_q != seqlen_k:
+            return f"seqlen_q={seqlen_q} != seqlen_k={seqlen_k}: the kernel needs equal sequence lengths"
+        return None
 
     def unsupported_reason(
         self,
@@ -130,8 +282,9 @@ class Capabilities:
         backward: bool = False,
         deterministic: bool = False,
         varlen: bool = False,
+        seqlens: tuple[int, int] | None = None,
     ) -> str | None:
-        """``None`` if a case with these features is supported, else why not."""
+        """``None`` if a case with these features (and ``seqlens = (seqlen_q, seqlen_k)``, if given) is supported."""
         device_type = torch.device(device).type
         if device_type not in self.dtypes:
             return f"device={device_type} is not supported (supported: {sorted(self.dtypes)})"
@@ -151,10 +304,29 @@ class Capabilities:
             return "a deterministic backward is not available"
         if varlen and not self.varlen:
             return "varlen (packed cu_seqlens) entry points are not implemented"
+        if seqlens is not None:
+            return self.seqlen_unsupported_reason(*seqlens)
         return None
 
+    def constraints(self) -> list[str]:
+        """The declared shape constraints and missing outputs, in words (``fa2-verify kernels`` shows them)."""
+        described = []
+        multiple_q, multiple_k = self.seqlen_multiple_of
+        if (multiple_q, multiple_k) != (1, 1):
+            described.append(f"seqlen_q a multiple of {multiple_q}, seqlen_k a multiple of {multiple_k}")
+        if self.equal_seqlens:
+            described.append("seqlen_q == seqlen_k only")
+        if self.min_seqlen or self.max_seqlen is not None:
+            described.append(f"sequence lengths from {self.min_seqlen} to {self.max_seqlen or 'unbounded'}")
+        described += [f"{output}: {reason}" for output, reason in self.missing_outputs().items()]
+        return described
+
+    def missing_outputs(self) -> dict[str, str]:
+        """Outputs of the contract this kernel does not provide, with the reason (reported as unsupported)."""
+        return {} if self.lse else {"lse": NO_LSE_REASON}
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready form for reports and baselines."""
+        """JSON-ready form for reports and baselines (:meth:`from_mapping` reads it back)."""
         return {
             "dtypes": {device: list(names) for device, names in self.dtypes.items()},
             "head_dims": list(self.head_dims),
@@ -164,6 +336,11 @@ class Capabilities:
             "backward": self.backward,
             "deterministic_backward": self.deterministic_backward,
             "varlen": self.varlen,
+            "lse": self.lse,
+            "seqlen_multiple_of": {"q": self.seqlen_multiple_of[0], "k": self.seqlen_multiple_of[1]},
+            "equal_seqlens": self.equal_seqlens,
+            "min_seqlen": self.min_seqlen,
+            "max_seqlen": self.max_seqlen,
             "notes": list(self.notes),
             "device_head_dims": {device: list(dims) for device, dims in self.device_head_dims.items()},
         }

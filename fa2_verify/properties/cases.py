@@ -106,10 +106,11 @@ def case_specs(
         min_heads_q=min_heads_q,
     )
     batch_strategy = shapes.batches(min_value=min_batch, max_value=limits.max_batch)
+    seqlen_strategy = shapes.seqlen_pairs(max_value=limits.max_seqlen, capabilities=capabilities)
 
     @st.composite
     def build(draw: st.DrawFn) -> CaseSpec:
-        seqlen_q, seqlen_k = draw(shapes.seqlen_pairs(max_value=limits.max_seqlen))
+        seqlen_q, seqlen_k = draw(seqlen_strategy)
         heads_q, heads_kv = draw(heads_strategy)
         causal, window_size = (
             draw(masks.masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=capabilities.causal, window=capabilities.window))

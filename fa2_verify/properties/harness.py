@@ -50,7 +50,10 @@ def missing_requirement(prop: Property, suite: Suite) -> str | None:
     reason = suite.kernel.unavailable_reason(suite.device)
     if reason is not None:
         return f"{suite.kernel.name} cannot run here: {reason}"
+    missing_outputs = suite.kernel.capabilities.missing_outputs()
     for capability in prop.requires:
+        if capability in missing_outputs:
+            return f"{suite.kernel.name}: {missing_outputs[capability]}"
         if not getattr(suite.kernel.capabilities, capability):
             return f"{suite.kernel.name} lacks the capability {capability!r}"
     return None

@@ -26,7 +26,7 @@ class Outputs:
     """One forward (and optionally backward) call's outputs, cloned off the kernel's buffers."""
 
     out: torch.Tensor
-    lse: torch.Tensor
+    lse: torch.Tensor | None = None
     dq: torch.Tensor | None = None
     dk: torch.Tensor | None = None
     dv: torch.Tensor | None = None
@@ -34,7 +34,7 @@ class Outputs:
     def __getitem__(self, name: str) -> torch.Tensor:
         value = getattr(self, name)
         if value is None:
-            raise KeyError(f"{name} was not computed: run the case with backward=True")
+            raise KeyError(f"{name} was not computed: the kernel provides none, or the case ran without backward=True")
         return value
 
 

@@ -8,13 +8,16 @@ B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).  Past
 and minus one up to 2^17 (65,535 to 65,537 among them: 16-bit indices and
 grid limits) and any multiple of 64 or 128 plus or minus one (a long sequence
 ending one row into, or one row short of, a tile).
+Lengths a kernel cannot run (its ``seqlen_multiple_of``, ``equal_seqlens``,
+``min_seqlen``/``max_seqlen``) are never drawn: boundary lengths are rounded
+to its multiple instead of being filtered away.
 """
 
 from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.contract import Capabilities, round_up
 from fa2_verify.properties.validation import check_int, check_order
 from fa2_verify.core.errors import UsageError
 
@@ -55,28 +58,104 @@ def block_multiples(*, min_value: int, max_value: int) -> st.SearchStrategy[int]
     ).filter(lambda n: min_value <= n)
 
 
-def seqlens(*, min_value: int = 1, max_value: int = 128, block_sizes: tuple[int, ...] = BLOCK_SIZES) -> st.SearchStrategy[int]:
+def seqlens(
+    *, min_value: int = 1, max_value: int = 128, block_sizes: tuple[int, ...] = BLOCK_SIZES, multiple_of: int = 1
+) -> st.SearchStrategy[int]:
     """A sequence length in ``[min_value, max_value]``, half the time a boundary length.
 
     Past 256 a third of the draws are :func:`block_multiples` instead.
     Shrinks toward ``min_value`` and the first boundary lengths.
+    With ``multiple_of=m`` every length is a multiple of ``m``: each boundary
+    length (and block multiple) is rounded up to the next multiple (down to the
+    largest one where that passes ``max_value``), so a kernel that needs
+    multiples still sees the lengths nearest the tiling edges, and none is
+    filtered away.
     """
     check_int("min_value", min_value, min_value=0)
     check_int("max_value", max_value, min_value=max(min_value, 1))
+    check_int("multiple_of", multiple_of, min_value=1)
     for block in block_sizes:
         check_int("block_sizes[]", block, min_value=1)
-    boundaries = st.sampled_from(boundary_lengths(min_value=min_value, max_value=max_value, block_sizes=block_sizes))
+    low, high = round_up(min_value, multiple_of), max_value // multiple_of * multiple_of
+    if low > high:
+        raise UsageError(
+            f"multiple_of={multiple_of}: no multiple of it lies in [min_value={min_value}, max_value={max_value}]: "
+            "raise max_value"
+        )
+
+    def fit(n: int) -> int:
+        return min(round_up(n, multiple_of), high)
+
+    boundary = boundary_lengths(min_value=min_value, max_value=max_value, block_sizes=block_sizes)
+    boundaries = st.sampled_from(sorted({fit(n) for n in boundary}))
+    anywhere = st.integers(low // multiple_of, high // multiple_of).map(lambda steps: steps * multiple_of)
     if max_value <= 256:
-        return st.one_of(boundaries, st.integers(min_value, max_value))
+        return st.one_of(boundaries, anywhere)
     return st.one_of(
-        boundaries, block_multiples(min_value=min_value, max_value=max_value), st.integers(min_value, max_value)
+        boundaries, block_multiples(min_value=min_value, max_value=max_value).map(fit), anywhere
     )
 
 
-def seqlen_pairs(*, min_value: int = 1, max_value: int = 128) -> st.SearchStrategy[tuple[int, int]]:
-    """``(seqlen_q, seqlen_k)``: equal, or independent (so q longer and shorter than k both occur)."""
-    lengths = seqlens(min_value=min_value, max_value=max_value)
-    return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
+def _side_limit(capabilities: Capabilities, max_value: int, side: str | None) -> int:
+    """``max_value`` within the kernel's ``max_seqlen``, raised to the kernel's shortest length on ``side``.
+
+    The profile's limit bounds the cost of a case; a kernel whose shortest
+    supported length lies beyond it (e.g. multiples of 128 under a 72-token
+    CPU profile) is checked at that shortest length rather than not at all.
+    """
+    high = max_value if capabilities.max_seqlen is None else min(max_value, capabilities.max_seqlen)
+    return max(high, capabilities.smallest_seqlen(side) or 0)
+
+
+def seqlen_pairs(
+    *, min_value: int = 1, max_value: int = 128, capabilities: Capabilities | None = None
+) -> st.SearchStrategy[tuple[int, int]]:
+    """``(seqlen_q, seqlen_k)``: equal, or independent (so q longer and shorter than k both occur).
+
+    With ``capabilities``, only pairs the kernel supports
+    (:meth:`~core.contract.Capabilities.seqlen_unsupported_reason`): each side
+    a multiple of its ``seqlen_multiple_of`` (equal pairs of both), within
+    ``min_seqlen``/``max_seqlen``, equal only if ``equal_seqlens``
+    (:func:`seqlens` rounds boundary lengths to the multiple).
+    """
+    if capabilities is None:
+        lengths = seqlens(min_value=min_value, max_value=max_value)
+        return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
+    low = max(min_value, capabilities.min_seqlen)
+    equal = None
+    if capabilities.smallest_seqlen() is not None:
+        equal_lengths = seqlens(
+            min_value=low, max_value=_side_limit(capabilities, max_value, None), multiple_of=capabilities.seqlen_step()
+        )
+        equal = equal_lengths.map(lambda n: (n, n))
+    if capabilities.equal_seqlens:
+        return equal
+    sides = st.tuples(
+        *(
+            seqlens(
+                min_value=low,
+                max_value=_side_limit(capabilities, max_value, side),
+                multiple_of=capabilities.seqlen_step(side),
+            )
+            for side in ("q", "k")
+        )
+    )
+    return sides if equal is None else st.one_of(equal, sides)
+
+
+def prefix_rows(*, seqlen_q: int, seqlen_k: int, capabilities: Capabilities) -> st.SearchStrategy[int]:
+    """How many leading queries ``m`` a causal-prefix relation keeps: ``m`` in ``[max(1, 1 + sq - sk), sq]``
+    such that ``(m, m + sk - sq)`` is a pair the kernel supports; shrinks toward the fewest rows.
+
+    ``m = seqlen_q`` is always among them (the full case is supported).
+    """
+    shift = seqlen_k - seqlen_q
+    rows = [
+        m
+        for m in range(max(1, 1 - shift), seqlen_q + 1)
+        if capabilities.seqlen_unsupported_reason(m, m + shift) is None
+    ]
+    return st.sampled_from(rows)
 
 
 def head_counts(

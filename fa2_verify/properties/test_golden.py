@@ -16,7 +16,7 @@ def test_out_within_error_model(suite, data):
     golden_checks.against_golden(suite, spec, "out")
 
 
-@declare(breaker="tests.mutants:LSE_BASE2")
+@declare(breaker="tests.mutants:LSE_BASE2", requires=("lse",))
 def test_lse_within_error_model(suite, data):
     """|lse - lse*| <= tau_lse * B^L, rowwise; lse = +-inf exactly on rows that see no key (eq. 3)."""
     spec = data.draw(suite.cases(), label="case")

@@ -9,7 +9,7 @@ import dataclasses
 from hypothesis import strategies as st
 
 from fa2_verify.core.contract import UNBOUNDED
-from fa2_verify.properties import masks, relation_checks
+from fa2_verify.properties import masks, relation_checks, shapes
 from fa2_verify.properties.declaration import declare
 from fa2_verify.core.layouts import LAYOUTS
 
@@ -28,7 +28,7 @@ def test_out_invariant_under_score_shift(suite, data):
     relation_checks.scores_shifted(suite, spec, "out")
 
 
-@declare(breaker="tests.mutants:LSE_BASE2")
+@declare(breaker="tests.mutants:LSE_BASE2", requires=("lse",))
 def test_lse_shifts_with_score_shift(suite, data):
     """lse(S + t 1^T) = lse(S) + t for a per-row shift t of the scores S."""
     spec = data.draw(suite.cases(), label="case")
@@ -82,7 +82,10 @@ def test_out_causal_prefix_ignores_later_queries(suite, data):
     """out(q[:m], k[:m+d], v[:m+d], causal) = out(q, k, v, causal)[:m], d = seqlen_k - seqlen_q."""
     unmasked = data.draw(suite.cases(masked=False), label="case")
     spec = dataclasses.replace(unmasked, causal=True)
-    rows = data.draw(st.integers(max(1, 1 + spec.seqlen_q - spec.seqlen_k), spec.seqlen_q), label="rows kept")
+    rows = data.draw(
+        shapes.prefix_rows(seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k, capabilities=suite.kernel.capabilities),
+        label="rows kept",
+    )
     relation_checks.causal_prefix(suite, spec, rows)
 
 

@@ -22,16 +22,17 @@ MAX_SEQUENCES = 4
 def varlen_specs(
     *, capabilities: Capabilities, device: str, limits: Limits, backward: bool = False, dtypes: tuple[str, ...] | None = None
 ) -> st.SearchStrategy[VarlenSpec]:
-    """Packed batches of 1 to 4 sequences, often with an empty one, inside the kernel's capabilities."""
+    """Packed batches of 1 to 4 sequences, often with an empty one, inside the kernel's capabilities
+    (each sequence's lengths as :func:`properties.shapes.seqlen_pairs` draws them)."""
     if not capabilities.varlen:
         raise UsageError("the kernel has no varlen entry points (capabilities.varlen is False); draw padded cases")
     if backward and not capabilities.backward:
         raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
-    lengths = shapes.seqlens(min_value=0, max_value=limits.max_seqlen)
+    pairs = shapes.seqlen_pairs(min_value=0, max_value=limits.max_seqlen, capabilities=capabilities)
 
     @st.composite
     def build(draw: st.DrawFn) -> VarlenSpec:
-        seqlens = tuple(draw(st.lists(st.tuples(lengths, lengths), min_size=1, max_size=MAX_SEQUENCES)))
+        seqlens = tuple(draw(st.lists(pairs, min_size=1, max_size=MAX_SEQUENCES)))
         longest_q = max(seqlen_q for seqlen_q, _ in seqlens)
         longest_k = max(seqlen_k for _, seqlen_k in seqlens)
         heads_q, heads_kv = draw(

@@ -18,7 +18,9 @@ The steps (forward as in Dao 2023, Algorithm 1; backward as in Algorithm 2):
    the first-order bounds (:mod:`verify.error_model`) and, where it fits
    (:func:`verify.lowprec.fits`), the naive low-precision attention for the
    flash-attn ratio (:mod:`verify.lowprec`), and compare each output
-   (:func:`verify.metrics.compare`), all on the case's device.
+   (:func:`verify.metrics.compare`), all on the case's device.  An output the
+   kernel declares it does not provide (``Capabilities(lse=False)``) is
+   recorded in ``skipped_outputs`` with the reason, never compared.
 
 The wall time of the three phases (kernel, golden, comparison) is recorded
 in :attr:`results.CaseResult.seconds`.
@@ -96,6 +98,7 @@ def _compared(
         comparisons=comparisons,
         golden=golden_record,
         seconds=seconds,
+        skipped_outputs=kernel.capabilities.missing_outputs(),
     )
 
 

@@ -8,11 +8,19 @@ too.  Head layouts cover MHA, GQA and MQA; head dims 32, 40 and 64; sequence
 lengths are odd (1, 17, 33) or not a multiple of the usual block sizes (40),
 so tail blocks are exercised.  Inputs come from the ``normal`` and ``uniform``
 generators with fixed seeds, so every run sees the same numbers.
+
+A kernel with shape constraints (``seqlen_multiple_of``, ``equal_seqlens``,
+``min_seqlen``/``max_seqlen``) gets each case with its lengths fitted
+(:func:`fit_case`), so the mask, dtype and head layout the case exists for
+are still verified.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.contract import Capabilities
 
 
 def _case(name: str, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
@@ -37,3 +45,27 @@ FIXED_CASES: tuple[CaseSpec, ...] = (
     _case("fp32-causal", "float32", 2, 17, 33, 2, 2, 64, seed=9, causal=True),
     _case("fp32-window-mqa", "float32", 1, 33, 33, 2, 1, 32, seed=10, window_size=(5, 5)),
 )
+
+
+def fit_case(spec: CaseSpec, capabilities: Capabilities) -> CaseSpec | None:
+    """``spec`` with each sequence length rounded up to one ``capabilities`` supports, or None if none fits.
+
+    Each side is rounded to its own multiple (:meth:`Capabilities.fit_seqlen`);
+    with ``equal_seqlens`` both become the longer side, rounded to both
+    multiples.  A case that already fits is returned unchanged.
+    """
+    if capabilities.seqlen_unsupported_reason(spec.seqlen_q, spec.seqlen_k) is None:
+        return spec
+    if capabilities.equal_seqlens:
+        seqlen_q = seqlen_k = capabilities.fit_seqlen(max(spec.seqlen_q, spec.seqlen_k))
+    else:
+        seqlen_q, seqlen_k = capabilities.fit_seqlen(spec.seqlen_q, "q"), capabilities.fit_seqlen(spec.seqlen_k, "k")
+    if seqlen_q is None or seqlen_k is None:
+        return None
+    return dataclasses.replace(spec, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+
+
+def fitted_cases(capabilities: Capabilities, cases: tuple[CaseSpec, ...]) -> tuple[CaseSpec, ...]:
+    """``cases`` (e.g. :data:`FIXED_CASES`) fitted to the kernel's sequence-length constraints (:func:`fit_case`)."""
+    fitted = (fit_case(spec, capabilities) for spec in cases)
+    return tuple(spec for spec in fitted if spec is not None)

@@ -48,7 +48,10 @@ RELATIVE_MARGIN = 0.25
 #: Default absolute floor per metric, below which a rise is never a regression.
 FLOORS: Mapping[str, float] = {"normalized": 0.01, "ulp": 0.5}
 
-_FLAGS = ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen")
+_FLAGS = ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen", "lse")
+
+#: A flag's value in a baseline recorded before the flag existed (every kernel then provided an LSE).
+_FLAG_DEFAULTS = {"lse": True}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,9 +161,10 @@ def _percent(before: float, after: float) -> str:
 def _capabilities(before: dict, after: dict) -> tuple[list[Finding], list[Finding]]:
     lost, gained = [], []
     for flag in _FLAGS:
-        if before.get(flag) and not after.get(flag):
+        was, now = before.get(flag, _FLAG_DEFAULTS.get(flag)), after.get(flag, _FLAG_DEFAULTS.get(flag))
+        if was and not now:
             lost.append(Finding("capability-lost", f"capabilities.{flag}", "was declared, is no longer"))
-        elif after.get(flag) and not before.get(flag):
+        elif now and not was:
             gained.append(Finding("capability-gained", f"capabilities.{flag}", "newly declared"))
     devices = sorted(set(before["dtypes"]) | set(after["dtypes"]))
     for device in devices:

@@ -9,8 +9,11 @@ forward's ``out`` and ``lse``, so it can neither change the forward results
 that are compared nor get away with writing into them.  Anything the kernel
 raises (any :class:`BaseException`, :mod:`verify.user_code`), a modified
 input, or an output that breaks the contract becomes a :class:`KernelFailure`
-whose message says how: a failure of the kernel, never of the harness.  A
-kernel that raises :class:`~core.errors.UnsupportedCase` declines the case;
+whose message says how: a failure of the kernel, never of the harness.  An
+output the kernel's capabilities declare it does not provide (``lse=False``:
+:meth:`~core.contract.Capabilities.missing_outputs`) must come back as
+``None`` and is left out of the outputs (and handed to ``backward`` as
+``None``).  A kernel that raises :class:`~core.errors.UnsupportedCase` declines the case;
 that propagates.
 """
 
@@ -81,9 +84,12 @@ def call_entry(
 
     ``inputs`` are the tensors the entry point receives, by name, in the order
     ``call`` takes them; each must be unchanged, bit for bit, after the call.
+    Names among the kernel's missing outputs must be returned as ``None``; they
+    are left out of the result.
     """
-    before = {name: _bits(tensor) for name, tensor in inputs.items()}
-    with poisoned(device, [layouts[name][:2] for name in names]):
+    missing = kernel.capabilities.missing_outputs()
+    before = {name: _bits(tensor) for name, tensor in inputs.items() if tensor is not None}
+    with poisoned(device, [layouts[name][:2] for name in names if name not in missing]):
         try:
             returned = call_user_code(lambda: _synchronized(call(*inputs.values()), device), passthrough=(UnsupportedCase,))
         except UserCodeRaised as raised:
@@ -97,6 +103,12 @@ def call_entry(
     if len(returned) != len(names):
         raise KernelFailure(f"{kernel.name}.{entry} returned {len(returned)} value(s), expected {len(names)}: {expected}")
     named = dict(zip(names, returned))
+    for name in [name for name in named if name in missing]:
+        if named.pop(name) is not None:
+            raise KernelFailure(
+                f"{kernel.name}.{entry} returned {name}, but its capabilities declare none ({missing[name]}): "
+                f"return None in its place, or declare {name}=True"
+            )
     for name, tensor in named.items():
         shape, dtype, axes = layouts[name]
         if not isinstance(tensor, torch.Tensor):
@@ -127,7 +139,7 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
     )  # fmt: skip
     if spec.backward if backward is None else backward:
         handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
-        handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone()}
+        handed |= {name: outputs[name].clone() if name in outputs else None for name in ("out", "lse")}
         outputs |= call_entry(
             kernel, "backward", handed, ("dq", "dk", "dv"), layouts, device,
             lambda dout, q, k, v, out, lse: kernel.backward(
@@ -163,7 +175,7 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
     )  # fmt: skip
     if spec.backward if backward is None else backward:
         handed = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
-        handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone(), **sequences}
+        handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone() if "lse" in outputs else None, **sequences}
         outputs |= call_entry(
             kernel, "backward_varlen", handed, ("dq", "dk", "dv"), layouts, packed.q.device,
             lambda dout, q, k, v, out, lse, cu_q, cu_k: kernel.target.backward_varlen(

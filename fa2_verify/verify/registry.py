@@ -9,6 +9,9 @@ Importing the target and calling its hooks (``capabilities``,
 ``SystemExit`` and ``KeyboardInterrupt`` included (:mod:`verify.user_code`),
 is a :class:`~core.errors.KernelLoadError` that names the hook, and so is a
 hook that returns the wrong type.
+A target's ``capabilities`` may be a :class:`~core.contract.Capabilities` or a
+plain mapping of its fields (:meth:`Capabilities.from_mapping`); a bad mapping
+is a one-line :class:`~core.errors.KernelLoadError` naming the field.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from fa2_verify.core.contract import Capabilities
-from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError
+from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError, UsageError
 from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
 
 #: short name -> "module:attr" of the bundled targets.
@@ -30,12 +33,16 @@ BUNDLED: dict[str, str] = {
     "torch-flash": "fa2_verify.kernels.torch_flash:KERNEL",
     "triton": "fa2_verify.kernels.triton_fa2:KERNEL",
     "flash-attn": "fa2_verify.kernels.flash_attn:KERNEL",
+    "flash-attn-4": "fa2_verify.kernels.flash_attn_4:KERNEL",
+    "sdpa-efficient": "fa2_verify.kernels.sdpa_efficient:KERNEL",
+    "sdpa-cudnn": "fa2_verify.kernels.sdpa_cudnn:KERNEL",
+    "flex-attention": "fa2_verify.kernels.flex_attention:KERNEL",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class LoadedKernel:
-    """A target together with the name it was asked for by."""
+    """A target together with the name it was asked for by; its ``capabilities`` read as the class."""
 
     name: str
     target: Any
@@ -50,12 +57,15 @@ class LoadedKernel:
     @property
     def capabilities(self) -> Capabilities:
         capabilities = self.call_hook("capabilities", lambda: self.target.capabilities)
-        if not isinstance(capabilities, Capabilities):
+        if not isinstance(capabilities, (Capabilities, Mapping)):
             raise KernelLoadError(
                 f"kernel {self.name!r}: 'capabilities' is {type(capabilities).__name__}, "
-                "expected core.contract.Capabilities"
+                "expected core.contract.Capabilities or a mapping of its fields"
             )
-        return capabilities
+        try:
+            return Capabilities.from_mapping(capabilities)
+        except UsageError as exc:
+            raise KernelLoadError(f"kernel {self.name!r}: {exc}") from None
 
     def forward(self, *args, **kwargs):
         return self.target.forward(*args, **kwargs)

@@ -122,11 +122,15 @@ def summarize_group(
 
 
 def unsupported_summary(cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
-    """Unsupported cases grouped by their reason (the capability the kernel lacks)."""
+    """Unsupported cases grouped by their reason (the capability the kernel lacks), and outputs the kernel
+    does not provide (reason ``"<output>: <why>"``) with the cases that ran without them."""
     reasons: dict[str, list[str]] = {}
     for case in cases:
+        name = case.spec.name or case.spec.feature()
         if case.status == "unsupported":
-            reasons.setdefault(case.reason or "no reason given", []).append(case.spec.name or case.spec.feature())
+            reasons.setdefault(case.reason or "no reason given", []).append(name)
+        for output, why in case.skipped_outputs.items():
+            reasons.setdefault(f"{output}: {why}", []).append(name)
     return [{"reason": reason, "cases": names} for reason, names in sorted(reasons.items())]
 
 

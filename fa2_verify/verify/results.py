@@ -35,6 +35,9 @@ class CaseResult:
     ``golden``, ``comparison``; :func:`verify.check.check_case`), printed by
     ``fa2-verify run`` and kept out of the reports, whose content depends on
     the case and the kernel only.
+    ``skipped_outputs`` names each output of the contract the kernel does not
+    provide (e.g. ``{"lse": "kernel provides no LSE"}``): listed as
+    unsupported in the reports, never compared nor counted as passed.
     """
 
     spec: CaseSpec
@@ -45,6 +48,7 @@ class CaseResult:
     reason: str | None = None
     golden: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    skipped_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -70,6 +74,7 @@ class CaseResult:
             "status": self.status,
             "reason": self.reason,
             "comparisons": {name: comparison.to_dict() for name, comparison in self.comparisons.items()},
+            "skipped_outputs": dict(self.skipped_outputs),
             "golden": {
                 "method": self.golden.get("method"),
                 "certified_bound": {
@@ -90,6 +95,7 @@ class CaseResult:
             comparisons={name: OutputComparison.from_dict(c) for name, c in record["comparisons"].items()},
             reason=record.get("reason"),
             golden=_decode_golden(record.get("golden", {})),
+            skipped_outputs=dict(record.get("skipped_outputs", {})),
         )
 
 

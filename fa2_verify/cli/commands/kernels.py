@@ -1,4 +1,5 @@
-"""``fa2-verify kernels``: list the targets, their capabilities, and whether they run here.
+"""``fa2-verify kernels``: list the targets, their capabilities (shape constraints and missing outputs
+included), and whether they run here or why not.
 
 Every target is loaded before anything is printed: one that cannot be loaded,
 or whose hooks raise, is a one-line :class:`~core.errors.KernelLoadError`
@@ -45,6 +46,7 @@ def handle(args) -> int:
             reason = kernel.unavailable_reason(device)
             status.append(f"{device}: yes" if reason is None else f"{device}: no ({reason})")
         rows.append(f"{kernel.name:<16} {devices:<54} {head_dims:<12} {_features(caps):<44} {'; '.join(status)}")
+        rows.extend(f"{'':<16} constraint: {constraint}" for constraint in caps.constraints())
         rows.extend(f"{'':<16} note: {note}" for note in caps.notes)
     print(f"{'kernel':<16} {'devices/dtypes':<54} {'head dims':<12} {'features':<44} runs here")
     print("\n".join(rows))

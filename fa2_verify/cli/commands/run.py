@@ -3,7 +3,8 @@
 Runs ``--cases fixed`` (the default, :data:`verify.fixed_cases.FIXED_CASES`)
 or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
 type: production lengths on a GPU, the same set scaled down on a CPU), forward
-and backward, through the kernel on ``--device``, compares every output with
+and backward, each case's sequence lengths fitted to the kernel's shape
+constraints (:func:`verify.fixed_cases.fitted_cases`), through the kernel on ``--device``, compares every output with
 the golden (:func:`verify.check.check_case`), prints one table (case, output,
 dtype, p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a
 failure description for each failing output, the seconds each case spent in
@@ -27,7 +28,7 @@ import torch
 from fa2_verify.verify.atomic import check_writable, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
-from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
 from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
@@ -117,7 +118,8 @@ def _number(value: float | None) -> str:
 
 
 def format_table(cases: list[CaseResult]) -> str:
-    """One row per (case, output); one row for an unsupported or errored case, with its reason."""
+    """One row per (case, output), an output the kernel does not provide included (with the reason);
+    one row for an unsupported or errored case, with its reason."""
     rows = [tuple(name for name, _ in _COLUMNS)]
     for case in cases:
         name = case.spec.name or case.spec.feature()
@@ -137,6 +139,8 @@ def format_table(cases: list[CaseResult]) -> str:
                 _number(comparison.flash_ratio),
                 "passed" if comparison.passed else f"FAILED ({comparison.mismatches}/{comparison.numel})",
             ))
+        for output, reason in case.skipped_outputs.items():
+            rows.append((name, output, case.spec.dtype, "-", "-", "-", "-", "-", f"unsupported: {reason}"))
     return "\n".join(
         " ".join(f"{cell:{align}}" for cell, (_, align) in zip(row, _COLUMNS)).rstrip() for row in rows
     )
@@ -171,7 +175,7 @@ def handle(args) -> int:
     if args.markdown is not None:
         check_writable(args.markdown, overwrite=args.overwrite, flag="--markdown")
     kernel = resolve_target(args.kernel, args.device)
-    specs = case_set(args.cases, args.device)
+    specs = fitted_cases(kernel.capabilities, case_set(args.cases, args.device))
     run = run_cases(kernel, specs, args.device)
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):

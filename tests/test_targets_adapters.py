@@ -1,0 +1,189 @@
+"""The adapters of PyTorch's other backends and FlashAttention-4, checked on the CPU.
+
+Their kernels run on CUDA only; here each adapter's own logic runs against the
+golden through a CPU stand-in of the op: the SDPA path (layout, masks as a
+bias, GQA by repetition, LSE trimming, backward through autograd) around
+PyTorch's CPU flash op, and the FlexAttention path (bottom-right ``mask_mod``,
+``enable_gqa``, its LSE) with the uncompiled ``flex_attention``.  Their
+capabilities and "cannot run here" reasons are checked as listed by
+``fa2-verify kernels``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+from fa2_verify.cli.main import main
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.contract import Capabilities, visible_mask
+from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_ops
+from fa2_verify.kernels.flash_attn_4 import fa4_window
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import LoadedKernel, load_kernel
+
+CPU = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(16, 32))
+
+#: Cases where every row sees a key (the CPU stand-in writes lse = 0 on an empty row).
+CASES = {
+    "unmasked-gqa": dict(seqlen_q=17, seqlen_k=33, heads_q=4, heads_kv=2),
+    "square-causal": dict(seqlen_q=24, seqlen_k=24, heads_q=2, heads_kv=2, causal=True),
+    "bottom-right-causal-mqa": dict(seqlen_q=17, seqlen_k=40, heads_q=3, heads_kv=1, causal=True),
+    "window": dict(seqlen_q=33, seqlen_k=33, heads_q=2, heads_kv=2, window_size=(5, 2)),
+}
+
+
+def _spec(**fields) -> CaseSpec:
+    return CaseSpec(batch=2, head_dim=16, dtype="float32", seed=5, **fields)
+
+
+def _cpu_flash(q, k, v, bias, is_causal, softmax_scale):
+    """A BHSD op with the SDPA ops' calling convention: PyTorch's CPU flash kernel (it has an autograd formula)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, is_causal, attn_mask=bias, scale=softmax_scale
+    )
+
+
+SDPA_ON_CPU = sdpa_ops.SdpaTarget("sdpa-on-cpu", _cpu_flash, CPU, lambda: None, dict)
+
+
+@pytest.mark.parametrize("fields", CASES.values(), ids=CASES.keys())
+def test_sdpa_adapter_path_matches_the_golden(fields):
+    result = check_case(LoadedKernel("sdpa-on-cpu", SDPA_ON_CPU), make_case(_spec(**fields)))
+    assert result.status == "passed", result.reason or result.failed_outputs()
+    assert set(result.comparisons) == {"out", "lse", "dq", "dk", "dv"}
+
+
+def test_sdpa_bias_is_the_bottom_right_mask_on_aligned_storage():
+    q = torch.zeros(2, 3, 5, 8)
+    bias, is_causal = sdpa_ops.mask_arguments(q, 21, causal=True, window_size=(4, -1))
+    assert not is_causal and bias.shape == (2, 3, 5, 21)
+    assert bias.stride(-2) == 32 and bias.stride(0) == bias.stride(1) == 0
+    visible = visible_mask(5, 21, causal=True, window_size=(4, -1))
+    assert torch.equal(bias[0, 0] == 0, visible) and bool(bias[0, 0][~visible].eq(-math.inf).all())
+    assert sdpa_ops.mask_arguments(q, 5, causal=True, window_size=(-1, -1)) == (None, True)
+    assert sdpa_ops.mask_arguments(q, 21, causal=False, window_size=(-1, -1)) == (None, False)
+
+
+def test_sdpa_lse_is_trimmed_to_the_contract_shape():
+    padded = torch.arange(2 * 3 * 32, dtype=torch.float32).reshape(2, 3, 32)
+    assert torch.equal(sdpa_ops.trimmed_lse(padded, 2, 3, 17), padded[:, :, :17])
+    assert torch.equal(sdpa_ops.trimmed_lse(padded[..., None], 2, 3, 17), padded[:, :, :17])
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """FlexAttention uncompiled: on the CPU, compiled FlexAttention has no LSE and no backward."""
+    from torch.nn.attention.flex_attention import flex_attention as eager
+
+    monkeypatch.setattr(flex_attention, "_compiled", lambda: eager)
+
+
+class _FlexOnCpu:
+    """The flex-attention adapter's forward without its CUDA requirement."""
+
+    capabilities = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(16, 32), backward=False)
+
+    def forward(self, q, k, v, **masking):
+        return flex_attention._attention(q, k, v, **masking)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("fields", CASES.values(), ids=CASES.keys())
+def test_flex_adapter_forward_matches_the_golden(eager_flex, fields):
+    """Forward only: FlexAttention has no backward on the CPU, compiled or not."""
+    result = check_case(LoadedKernel("flex-on-cpu", _FlexOnCpu()), make_case(_spec(backward=False, **fields)))
+    assert result.status == "passed", result.reason or result.failed_outputs()
+    assert set(result.comparisons) == {"out", "lse"}
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (3, 1), (-1, 2), (4, -1), (0, 0)])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(7, 12), (12, 7), (9, 9)])
+def test_flex_mask_mod_is_the_bottom_right_window(window, seqlen_q, seqlen_k):
+    mask_mod = flex_attention.window_mask_mod(seqlen_q, seqlen_k, window)
+    q_idx, kv_idx = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
+    expected = visible_mask(seqlen_q, seqlen_k, window_size=window)
+    assert torch.equal(mask_mod(0, 0, q_idx, kv_idx).expand(seqlen_q, seqlen_k), expected)
+
+
+def test_fa4_window_spells_unbounded_as_none():
+    assert fa4_window(True, (-1, -1)) == (None, 0)
+    assert fa4_window(False, (-1, -1)) == (None, None)
+    assert fa4_window(True, (5, 3)) == (5, 0)
+    assert fa4_window(False, (2, -1)) == (2, None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the reasons given on a machine without CUDA")
+@pytest.mark.parametrize(
+    "name, reason",
+    [
+        ("sdpa-efficient", "needs a CUDA device"),
+        ("sdpa-cudnn", "needs a CUDA device"),
+        ("flex-attention", "needs a CUDA device"),
+        ("flash-attn-4", "package flash-attn-4 not installed"),
+    ],
+)
+def test_new_targets_say_why_they_cannot_run_here(name, reason, capsys):
+    kernel = load_kernel(name)
+    assert reason in kernel.unavailable_reason("cuda")
+    assert main(["kernels", name]) == 0
+    row = capsys.readouterr().out.splitlines()[1]
+    assert row.startswith(name) and f"cpu: no ({reason}" in row
+    spec = _spec(seqlen_q=16, seqlen_k=16, heads_q=1, heads_kv=1)
+    assert check_case(kernel, make_case(spec)).status == "unsupported"
+
+
+def _fa4_stand_in(q, k, v, softmax_scale=None, causal=False, window_size=(None, None), return_lse=False, **_):
+    """flash_attn.cute.flash_attn_func as documented, in float32 PyTorch: ``None`` is an unbounded side,
+    ``causal`` sets the right side to 0; returns ``(out, lse)``, lse None unless asked or needed.
+    A negative bound is refused: the real function reads ``(-1, 0)`` as no mask at all (it drops a
+    window whose bounds sum below zero)."""
+    if any(bound is not None and bound < 0 for bound in window_size):
+        raise ValueError(f"window_size={window_size}: FlashAttention-4 spells an unbounded side None")
+    if causal:
+        window_size = (window_size[0], 0)
+    left, right = (-1 if bound is None else bound for bound in window_size)
+    visible = visible_mask(q.shape[1], k.shape[1], window_size=(left, right))
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2).float() for t in (k, v))
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k) * softmax_scale
+    scores = scores.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(scores, dim=-1)
+    probabilities = torch.exp(scores - lse[..., None]).nan_to_num(0.0)
+    out = torch.einsum("bhqk,bkhd->bqhd", probabilities, v).to(q.dtype)
+    return out, lse.detach() if return_lse or q.requires_grad else None
+
+
+class _Fa4OnCpu:
+    """The flash-attn-4 adapter, declared for the CPU, calling the stand-in package."""
+
+    capabilities = CPU
+
+    def forward(self, *args, **kwargs):
+        return flash_attn_4.KERNEL.forward(*args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        return flash_attn_4.KERNEL.backward(*args, **kwargs)
+
+
+@pytest.fixture
+def fa4_stand_in(monkeypatch):
+    import types
+
+    package = types.ModuleType("flash_attn")
+    cute = types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = _fa4_stand_in
+    package.cute = cute
+    monkeypatch.setitem(sys.modules, "flash_attn", package)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+    monkeypatch.setattr(flash_attn_4.FlashAttn4, "unavailable_reason", lambda self: None)
+
+
+@pytest.mark.parametrize("fields", CASES.values(), ids=CASES.keys())
+def test_fa4_adapter_passes_the_contract_through_to_flash_attn_func(fa4_stand_in, fields):
+    result = check_case(LoadedKernel("fa4-on-cpu", _Fa4OnCpu()), make_case(_spec(**fields)))
+    assert result.status == "passed", result.reason or result.failed_outputs()
+    assert set(result.comparisons) == {"out", "lse", "dq", "dk", "dv"}
