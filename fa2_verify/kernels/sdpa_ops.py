@@ -19,7 +19,9 @@ additive ``attn_bias``, and no GQA.  The contract maps onto them thus:
   the backward differentiates through the repeat, which sums each group's
   dK, dV back onto its kv head;
 * LSE: the op's float32 natural-log LSE, trimmed to (batch, heads_q, seqlen_q)
-  (the memory-efficient op pads seqlen_q; cuDNN may add a trailing axis of 1);
+  (the memory-efficient op pads seqlen_q; cuDNN may add a trailing axis of 1),
+  with ``-inf`` on the rows that see no key, where the memory-efficient op
+  writes 0;
 * backward: the op's autograd formula on leaf copies of q, k, v
   (``torch.autograd.grad``), recomputing the forward, as
   :mod:`kernels.autograd` does; the contract's ``out``/``lse`` are not reused.
@@ -32,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, Capabilities, effective_window, visible_mask
+from fa2_verify.core.contract import UNBOUNDED, Capabilities, effective_window, visible_mask, visible_ranges
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.kernels.autograd import recomputed_gradients
 
@@ -81,12 +83,19 @@ def trimmed_lse(lse: torch.Tensor, batch: int, heads: int, seqlen_q: int) -> tor
 
 
 def sdpa_forward(op: SdpaOp, q, k, v, *, softmax_scale: float, causal: bool, window_size) -> tuple:
-    """``(out, lse)`` in the contract's layout from a BHSD ``op``."""
+    """``(out, lse)`` in the contract's layout from a BHSD ``op``.
+
+    A row that sees no key gets ``lse = -inf`` (the contract): the
+    memory-efficient op writes 0 there (seen on an H100, docs/targets.md),
+    beside the row's correct ``out = 0``.
+    """
     q_bhsd, k_bhsd, v_bhsd = heads_first(q, k, v)
     k_bhsd, v_bhsd = repeat_kv(q_bhsd, k_bhsd, v_bhsd)
     bias, is_causal = mask_arguments(q_bhsd, k.shape[1], causal, window_size)
     out, lse = op(q_bhsd, k_bhsd, v_bhsd, bias, is_causal, softmax_scale)
-    return out.transpose(1, 2), trimmed_lse(lse, q.shape[0], q.shape[2], q.shape[1])
+    lse = trimmed_lse(lse, q.shape[0], q.shape[2], q.shape[1])
+    first, last = visible_ranges(q.shape[1], k.shape[1], causal=causal, window_size=window_size, device=lse.device)
+    return out.transpose(1, 2), lse.masked_fill(first > last, -math.inf)
 
 
 def sdpa_backward(op: SdpaOp, dout, q, k, v, *, softmax_scale: float, causal: bool, window_size) -> tuple:

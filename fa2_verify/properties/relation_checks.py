@@ -39,7 +39,7 @@ def scores_shifted(suite: Suite, spec: CaseSpec, output: str) -> None:
     first = runs[0][output]
     if output == "lse":
         # Adding t in float64 rounds once more: u_64 |lse + t| beyond both runs' bounds.
-        first = first.to("cpu", torch.float64) + shift
+        first = first.to(tolerance.device, torch.float64) + shift.to(tolerance.device)
         tolerance = tolerance + error_model.unit_roundoff(torch.float64) * first.abs()
     conclude(suite, spec, statement, [compare(output, first, runs[1][output], tolerance)])
 
@@ -81,7 +81,7 @@ def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> None:
         if output == "out":
             tolerance = gqa_bounds[output] + mha_bounds[output]
         else:
-            magnitude = relations.group_sum(second.to("cpu", torch.float64).abs(), group)
+            magnitude = relations.group_sum(second.to(gqa_bounds[output].device, torch.float64).abs(), group)
             second = relations.group_sum(second.to(torch.float64), group).to(second.dtype)
             rounding = error_model.unit_roundoff(spec.torch_dtype) * magnitude
             tolerance = gqa_bounds[output] + relations.group_sum(mha_bounds[output], group) + rounding

@@ -137,8 +137,8 @@ def compare_runs(
     in ``second`` could match, and ``second`` is set to NaN at those elements.
     Infinities must match (either sign, as the contract allows for ``lse``).
     """
-    first64 = first.detach().to("cpu", torch.float64)
+    first64 = first.detach().to(tolerance.device, torch.float64)
     first_nan = torch.isnan(first64)
     expected = torch.where(first_nan, torch.full_like(first64, math.inf), first64)
-    actual = second.detach().cpu().masked_fill(first_nan, math.nan)
+    actual = second.detach().to(tolerance.device).masked_fill(first_nan, math.nan)
     return metrics.compare(output, actual, expected, tolerance, threshold=threshold)
