@@ -9,6 +9,9 @@
 #   3. the kernel x property table of every run (ci/targets_table.py).
 # A target that cannot run here is still run: `run` then reports it unsupported
 # with its reason, and the table shows why.
+# The GPU machine's image lacks jsonschema (a dependency of fa2-verify): carry its
+# wheels (jsonschema, jsonschema-specifications, referencing, rpds-py for Python
+# 3.12, from `pip download --only-binary=:all:`) and put them on PYTHONPATH first.
 # Writes into $1 (default gpu-out): run-KERNEL.log/.md, properties-KERNEL-PROFILE-SEED.log/.xml,
 # targets.md.  Exit status: 0 when every run and property run passed.
 set -uo pipefail

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Here, with network: download FlashAttention-4 (flash_attn.cute) and what it needs
 # for the GPU machine (Python 3.12, x86-64, CUDA 13 torch there), and split them
-# into two folders under the device tool's 64 MiB per-call limit:
+# into two folders, each under a 64 MiB limit on what one call to the GPU machine carries:
 #   .whl-a/  the small wheels and the first half of nvidia-cutlass-dsl-libs-cu13
 #   .whl-b/  its second half
 # Both folders must be ignored by git (.git/info/exclude) and are carried by two

@@ -6,8 +6,7 @@ error of its output and of ``lse`` read as natural log and as base 2 against a
 float64 reference on one small causal case (batch 2, seqlen 256, 4 heads,
 head_dim 128, float16).  A target that cannot be imported or called prints the
 one-line reason.  It needs a CUDA device; its findings are recorded in
-``/work/shared``-style notes and docs/targets.md, and the adapters in
-``fa2_verify/kernels/`` follow them.
+docs/targets.md, and the adapters in ``fa2_verify/kernels/`` follow them.
 """
 
 from __future__ import annotations
