@@ -27,12 +27,14 @@ from fa2_verify.verify.registry import LoadedKernel, load_kernel
 
 CPU = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(16, 32))
 
-#: Cases where every row sees a key (the CPU stand-in writes lse = 0 on an empty row).
+#: The last case leaves its first rows without a visible key: the stand-in, like the memory-efficient op on
+#: CUDA, writes lse = 0 there, and the adapter must report the contract's -inf.
 CASES = {
     "unmasked-gqa": dict(seqlen_q=17, seqlen_k=33, heads_q=4, heads_kv=2),
     "square-causal": dict(seqlen_q=24, seqlen_k=24, heads_q=2, heads_kv=2, causal=True),
     "bottom-right-causal-mqa": dict(seqlen_q=17, seqlen_k=40, heads_q=3, heads_kv=1, causal=True),
     "window": dict(seqlen_q=33, seqlen_k=33, heads_q=2, heads_kv=2, window_size=(5, 2)),
+    "causal-rows-without-keys": dict(seqlen_q=33, seqlen_k=17, heads_q=2, heads_kv=2, causal=True),
 }
 
 
