@@ -32,6 +32,7 @@ import torch
 
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.kernels.autograd import recomputed_gradients
 
 #: flash-attn 2 supports head dims up to 256 that are multiples of 8.
 HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
@@ -99,13 +100,13 @@ class FlashAttn:
     def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(-1, -1),
                  deterministic=False):
         package = self._package()
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with torch.enable_grad():
-            recomputed = package.flash_attn_func(
+        return recomputed_gradients(
+            lambda *leaves: package.flash_attn_func(
                 *leaves, dropout_p=0.0, softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size),
                 deterministic=deterministic,
-            )
-            return torch.autograd.grad(recomputed, leaves, dout)
+            ),
+            dout, q, k, v,
+        )
 
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                        softmax_scale, causal=False, window_size=(-1, -1)):
@@ -118,14 +119,14 @@ class FlashAttn:
     def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                         softmax_scale, causal=False, window_size=(-1, -1), deterministic=False):
         package = self._package()
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        with torch.enable_grad():
-            recomputed = package.flash_attn_varlen_func(
+        return recomputed_gradients(
+            lambda *leaves: package.flash_attn_varlen_func(
                 *leaves, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                 softmax_scale=softmax_scale, causal=causal, window_size=tuple(window_size),
                 deterministic=deterministic,
-            )
-            return torch.autograd.grad(recomputed, leaves, dout)
+            ),
+            dout, q, k, v,
+        )
 
 
 KERNEL = FlashAttn()
