@@ -7,17 +7,25 @@
 #      stopped (SIGINT, so pytest still reports) after $FA2_TARGET_TIMEOUT seconds
 #      (default 600), JUnit XML per run;
 #   3. the kernel x property table of every run (ci/targets_table.py).
+# FA2_TARGET_CONCURRENT=1 runs the targets side by side (one background job per
+# target, each with its own workers), for small-shape runs that leave the GPU idle.
 # A target that cannot run here is still run: `run` then reports it unsupported
 # with its reason, and the table shows why.
 # The GPU machine's image lacks jsonschema (a dependency of fa2-verify): carry its
 # wheels (jsonschema, jsonschema-specifications, referencing, rpds-py for Python
-# 3.12, from `pip download --only-binary=:all:`) and put them on PYTHONPATH first.
+# 3.12, from `pip download --only-binary=:all:`) in .whl-c; they are installed
+# into $FA2_DEPS_SITE (default /root/deps) and put on PYTHONPATH.
 # Writes into $1 (default gpu-out): run-KERNEL.log/.md, properties-KERNEL-PROFILE-SEED.log/.xml,
 # targets.md.  Exit status: 0 when every run and property run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+deps="${FA2_DEPS_SITE:-/root/deps}"
+if ! python3 -c 'import jsonschema' 2>/dev/null && compgen -G ".whl-c/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$deps" .whl-c/*.whl
+fi
+[[ -d "$deps" ]] && export PYTHONPATH="$PYTHONPATH:$deps"
 out="${1:-gpu-out}"
 mkdir -p "$out"
 read -ra targets <<<"${FA2_TARGETS:-sdpa-efficient sdpa-cudnn flex-attention flash-attn-4 flash-attn}"
@@ -28,11 +36,12 @@ plugin=(-p fa2_verify.properties.plugin)
 if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
     plugin=()
 fi
-status=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-xmls=()
-for kernel in "${targets[@]}"; do
+
+# One target: `run`, then each property run; prints its lines, exit 0 when all passed.
+verify_target() {
+    local kernel=$1 entry profile seed name start got status=0
     start=$SECONDS
     python3 -m fa2_verify run --kernel "$kernel" --device cuda --report "$out/run-$kernel" \
         --markdown "$out/run-$kernel.md" --overwrite >"$out/run-$kernel.log" 2>&1
@@ -52,7 +61,31 @@ for kernel in "${targets[@]}"; do
         echo "== properties $name: exit $got ($((SECONDS - start)) s)"
         grep -E '^(FAILED|ERROR)|passed|failed|examples checked' "$out/properties-$name.log" | tail -n 8
         ((got == 0)) || status=1
-        [[ -f "$out/properties-$name.xml" ]] && xmls+=("$out/properties-$name.xml")
+    done
+    return "$status"
+}
+
+status=0
+if [[ "${FA2_TARGET_CONCURRENT:-0}" == 1 ]]; then
+    pids=()
+    for kernel in "${targets[@]}"; do
+        verify_target "$kernel" >"$out/target-$kernel.txt" 2>&1 &
+        pids+=($!)
+    done
+    for index in "${!pids[@]}"; do
+        wait "${pids[$index]}" || status=1
+        cat "$out/target-${targets[$index]}.txt"
+    done
+else
+    for kernel in "${targets[@]}"; do
+        verify_target "$kernel" || status=1
+    done
+fi
+xmls=()
+for kernel in "${targets[@]}"; do
+    for entry in "${runs[@]}"; do
+        xml="$out/properties-$kernel-${entry/:/-}.xml"
+        [[ -f "$xml" ]] && xmls+=("$xml")
     done
 done
 ((${#xmls[@]})) && python3 ci/targets_table.py "${xmls[@]}" >"$out/targets.md" && cat "$out/targets.md"
