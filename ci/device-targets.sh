@@ -11,21 +11,14 @@
 # target, each with its own workers), for small-shape runs that leave the GPU idle.
 # A target that cannot run here is still run: `run` then reports it unsupported
 # with its reason, and the table shows why.
-# The GPU machine's image lacks jsonschema (a dependency of fa2-verify): carry its
-# wheels (jsonschema, jsonschema-specifications, referencing, rpds-py for Python
-# 3.12, from `pip download --only-binary=:all:`) in .whl-c; they are installed
-# into $FA2_DEPS_SITE (default /root/deps) and put on PYTHONPATH.
+# Dependencies the GPU image lacks come from .whl-c (ci/device-deps.sh).
 # Writes into $1 (default gpu-out): run-KERNEL.log/.md, properties-KERNEL-PROFILE-SEED.log/.xml,
 # targets.md.  Exit status: 0 when every run and property run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-deps="${FA2_DEPS_SITE:-/root/deps}"
-if ! python3 -c 'import jsonschema' 2>/dev/null && compgen -G ".whl-c/*.whl" >/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$deps" .whl-c/*.whl
-fi
-[[ -d "$deps" ]] && export PYTHONPATH="$PYTHONPATH:$deps"
+source ci/device-deps.sh
 out="${1:-gpu-out}"
 mkdir -p "$out"
 read -ra targets <<<"${FA2_TARGETS:-sdpa-efficient sdpa-cudnn flex-attention flash-attn-4 flash-attn}"
