@@ -5,7 +5,7 @@
 # from `pip download --only-binary=:all:`) are installed into $FA2_DEPS_SITE
 # (default /root/deps), which goes on PYTHONPATH.
 deps_site="${FA2_DEPS_SITE:-/root/deps}"
-if ! python3 -c 'import jsonschema' 2>/dev/null && compgen -G ".whl-c/*.whl" >/dev/null; then
+if ! PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$deps_site" python3 -c 'import jsonschema' 2>/dev/null && compgen -G ".whl-c/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$deps_site" .whl-c/*.whl
 fi
 if [[ -d "$deps_site" ]]; then

@@ -6,8 +6,10 @@
 # Each run writes into $1 (default gpu-out/scale): run-NAME.log (the verdict
 # table, the failure descriptions naming each failing output, and the seconds
 # per case in the kernel, the golden and the comparison), run-NAME/tolerance.json,
-# and properties-scale.log (-v, Hypothesis statistics, examples per second and
-# the worst cases of the plugin's summary).  At the end it prints one table:
+# properties-scale.log (-v, Hypothesis statistics, examples per second and
+# the worst cases of the plugin's summary), and Hypothesis' observations of every
+# finished example with their summary (ci/observed_summary.py: examples per
+# second and the largest shapes, also for a run the time limit stopped).  At the end it prints one table:
 # target, exit status, cases passed/failed, and total kernel, golden and
 # comparison seconds; then the failing outputs of each mutant.
 # Dependencies the GPU image lacks come from .whl-c (ci/device-deps.sh).
@@ -69,13 +71,17 @@ fi
 seconds="${FA2_SCALE_PROFILE_SECONDS:-600}"
 if ((seconds > 0)); then
     started=$(date +%s)
-    timeout -s INT -k 30 "$seconds" python3 -m pytest --pyargs fa2_verify.properties "${plugin[@]}" \
+    rm -rf .hypothesis/observed
+    HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY=1 HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY_NOCOVER=1 \
+        timeout -s INT -k 30 "$seconds" python3 -m pytest --pyargs fa2_verify.properties "${plugin[@]}" \
         -v -rfE --hypothesis-show-statistics -p no:cacheprovider \
         ${FA2_SCALE_PROFILE_SEED:+--hypothesis-seed="$FA2_SCALE_PROFILE_SEED"} \
         --fa2-kernel triton --fa2-device cuda --fa2-profile scale \
         --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1
     echo "== scale profile against triton: exit $? after $(($(date +%s) - started)) s"
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
+    cp .hypothesis/observed/*_testcases.jsonl "$out/" 2>/dev/null
+    compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 ci/observed_summary.py "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
 fi
 
 ok=0

@@ -22,8 +22,9 @@ A profile is an example budget, a randomness policy and the shape limits
   lengths up to 131,072 with the long boundary values of
   :mod:`properties.shapes`, head_dim up to 256, batch x heads up to 4,096,
   each example within a budget of work (:data:`SCALE_MAX_WORK`, about 30 s of
-  golden on an H100) and of device memory (:data:`SCALE_MAX_BYTES`), random,
-  with the example database and ``hypothesis.target`` steering.
+  golden on an H100) and of device memory (:data:`SCALE_MAX_BYTES`),
+  :data:`SCALE_EXAMPLES` examples per property, random, with the example
+  database and ``hypothesis.target`` steering.
 
 The property tests take their settings from :func:`settings_for`, which the
 plugin calls with the session's profile when it turns the declarations into
@@ -103,6 +104,13 @@ class Profile:
 #: (1, 1, 131072, 128) being half of it, whose golden takes at most 30 s on an H100.
 SCALE_MAX_WORK = 2**40
 
+#: Examples per property in ``scale``: an example takes up to about 30 s on an H100
+#: (:data:`SCALE_MAX_WORK`), so 10 keep one property's search near 5 minutes at
+#: worst and let a time-capped run reach more than the first property; a longer
+#: search runs the profile again with another ``--hypothesis-seed`` (the example
+#: database keeps what failed).
+SCALE_EXAMPLES = 10
+
 #: Device memory of one ``scale`` example: a quarter of an H100's, since a
 #: metamorphic relation runs the kernel on up to a few variants of the case.
 SCALE_MAX_BYTES = 20 * 10**9
@@ -134,7 +142,7 @@ PROFILES: dict[str, Profile] = {
         Profile(
             "scale",
             "production shapes on a GPU (up to 131072 tokens) within a per-example budget, random, with the database",
-            200,
+            SCALE_EXAMPLES,
             False,
             _SMALL,
             Limits(
