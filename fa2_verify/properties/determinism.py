@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.contract import visible_mask
+from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.verify.error_model import accumulation_unit, underflow_unit
 from fa2_verify.verify.metrics import ulp
@@ -51,34 +51,55 @@ def key_blocks(visible_keys: torch.Tensor, block_k: int | None) -> torch.Tensor:
     return torch.minimum(visible_keys, torch.ceil(visible_keys / block_k) + 1)
 
 
+#: Scores per row block of :func:`dq_spread_bound` (device type -> elements),
+#: as the golden's blocks: no seqlen_q x seqlen_k tensor for a whole head.
+BLOCK_ELEMENTS = {"cpu": 2**20, "cuda": 2**25}
+
+
 def dq_spread_bound(case: Case, golden: Any, dq_runs: list[torch.Tensor], *, block_k: int | None = None) -> torch.Tensor:
-    """Per-element bound (float64, CPU) on ``|dq_r - dq_s|`` between backward calls (module docstring).
+    """Per-element bound (float64, on the case's device) on ``|dq_r - dq_s|`` between backward calls (module docstring).
 
     ``golden`` provides ``out`` (float64, the exact O); ``dq_runs`` are the
-    kernel's dq from repeated calls, used only for the final ulp term.
+    kernel's dq from repeated calls, used only for the final ulp term.  ``M``
+    is computed in blocks of query rows over the visible range of each row
+    (:func:`core.contract.visible_ranges`), query heads grouped over their
+    shared key head, so memory stays bounded at any sequence length.
     """
     spec = case.spec
     dtype = spec.torch_dtype
-    u_a = accumulation_unit(dtype)
-    q, k, v, dout = (t.detach().to("cpu", torch.float64) for t in (case.q, case.k, case.v, case.dout))
-    out = golden.out.to("cpu", torch.float64)
-    group = spec.heads_q // spec.heads_kv
-    keys = k.repeat_interleave(group, dim=2)
-    values = v.repeat_interleave(group, dim=2)
-    visible = visible_mask(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
-    logits = spec.scale * torch.einsum("bihc,bjhc->bhij", q, keys)
-    logits = logits.masked_fill(~visible, -math.inf)
-    row_max = logits.amax(dim=-1, keepdim=True).clamp_min(-1e300)
-    weights = torch.exp(logits - row_max)
-    p = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)
-    dp_magnitude = torch.einsum("bihc,bjhc->bhij", dout.abs(), values.abs())
-    d_magnitude = (dout.abs() * out.abs()).sum(dim=-1).permute(0, 2, 1).unsqueeze(-1)
-    magnitude = spec.scale * torch.einsum("bhij,bjhc->bihc", p * (dp_magnitude + d_magnitude), keys.abs())
-    blocks = key_blocks(visible.sum(dim=1).to(torch.float64), block_k).view(1, -1, 1, 1)
-    terms = (blocks - 1).clamp_min(0) * u_a
+    device = case.q.device
+    batch, heads_kv, group = spec.batch, spec.heads_kv, spec.heads_q // spec.heads_kv
+    q, k, v, dout = (t.detach().to(device, torch.float64) for t in (case.q, case.k, case.v, case.dout))
+    out = golden.out.to(device, torch.float64)
+    keys, values = k.abs(), v.abs()
+    first, last = visible_ranges(
+        spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size, device=device
+    )
+    magnitude = torch.empty_like(q)
+    rows = max(1, BLOCK_ELEMENTS[device.type] // (batch * spec.heads_q * max(spec.seqlen_k, 1)))
+    key_index = torch.arange(spec.seqlen_k, device=device)
+    for start in range(0, spec.seqlen_q, rows):
+        block = slice(start, min(start + rows, spec.seqlen_q))
+        grouped = (batch, -1, heads_kv, group, spec.head_dim)
+        visible = (key_index >= first[block, None]) & (key_index <= last[block, None])
+        logits = spec.scale * torch.einsum("bihgc,bjhc->bhgij", q[:, block].reshape(grouped), k)
+        logits = logits.masked_fill(~visible, -math.inf)
+        row_max = logits.amax(dim=-1, keepdim=True).clamp_min(-1e300)
+        weights = torch.exp(logits - row_max)
+        p = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+        dout_abs = dout[:, block].abs()
+        dp_magnitude = torch.einsum("bihgc,bjhc->bhgij", dout_abs.reshape(grouped), values)
+        d_magnitude = (dout_abs * out[:, block].abs()).sum(dim=-1).reshape(batch, -1, heads_kv, group)
+        p = p * (dp_magnitude + d_magnitude.permute(0, 2, 3, 1).unsqueeze(-1))
+        magnitude[:, block] = spec.scale * torch.einsum("bhgij,bjhc->bihgc", p, keys).reshape(q[:, block].shape)
+    visible_keys = (last - first + 1).clamp_min(0).to(torch.float64)
+    blocks = key_blocks(visible_keys, block_k).view(1, -1, 1, 1)
+    terms = (blocks - 1).clamp_min(0) * accumulation_unit(dtype)
     bound = 2 * terms / (1 - terms) * MAGNITUDE_SLACK * magnitude + underflow_unit(dtype)
     if torch.finfo(dtype).bits == 16:
-        largest = torch.stack([run.detach().to("cpu", torch.float64).abs() for run in dq_runs]).amax(dim=0)
+        largest = torch.zeros_like(bound)
+        for run in dq_runs:
+            largest = torch.maximum(largest, run.detach().to(device, torch.float64).abs())
         bound = bound + ulp(largest, dtype)
     return bound
 

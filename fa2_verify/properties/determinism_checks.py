@@ -13,8 +13,14 @@ from fa2_verify.verify.metrics import OutputComparison
 
 
 def _bitwise(name: str, first: torch.Tensor, again: torch.Tensor) -> OutputComparison:
-    """Bitwise equality as a comparison with tolerance 1 and threshold 0: any difference mismatches."""
-    return relations.compare_runs(name, first, again, torch.ones(first.shape, dtype=torch.float64), threshold=0.0)
+    """Bitwise equality as a comparison with tolerance 1 and threshold 0: any difference mismatches.
+
+    The tolerance lives on the outputs' device: :func:`relations.compare_runs`
+    compares on the tolerance's device, and at scale a host copy of the outputs
+    costs minutes.
+    """
+    tolerance = torch.ones(first.shape, dtype=torch.float64, device=first.device)
+    return relations.compare_runs(name, first, again, tolerance, threshold=0.0)
 
 
 def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats: int) -> None:
