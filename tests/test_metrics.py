@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify import metrics
 from fa2_verify.verify.metrics import (
     NORMALIZED_EDGES,
     Distribution,
@@ -80,6 +81,23 @@ def test_nearest_rank_quantiles():
     distribution = Distribution.of(torch.arange(1, 1001, dtype=torch.float64), NORMALIZED_EDGES)
     assert distribution.count == 1000
     assert distribution.quantiles == {"p50": 500.0, "p90": 900.0, "p99": 990.0, "p99.9": 999.0, "max": 1000.0}
+
+
+def test_sorted_and_radix_selection_give_the_same_quantiles(monkeypatch):
+    """Small metrics are sorted, large ones radix-selected: both give the same order statistics."""
+    generator = torch.Generator().manual_seed(1)
+    values = torch.cat([torch.rand(3000, generator=generator, dtype=torch.float64) ** 7 * 1e3,
+                        torch.zeros(30, dtype=torch.float64), torch.full((4,), INF, dtype=torch.float64),
+                        torch.tensor([2.0**-1074, 2.0**-1074, 1.0, 1.0], dtype=torch.float64)])
+    values = values[torch.randperm(len(values), generator=generator)]
+    chunks = lambda: ({"v": chunk} for chunk in values.split(700))
+    ranks = [metrics._rank(p, len(values)) for p in metrics.QUANTILES.values()] + [0, 29, 30, 31, 3032]
+    ordered = torch.sort(values).values
+    assert metrics.sorted_statistics(chunks, ranks) == metrics.order_statistics(chunks, ranks)
+    assert metrics.sorted_statistics(chunks, ranks)["v"] == [float(ordered[r]) for r in ranks]
+    sorted_distribution = Distribution.of(values, NORMALIZED_EDGES)
+    monkeypatch.setattr(metrics, "SORT_MAX_ELEMENTS", len(values) - 1)
+    assert Distribution.of(values, NORMALIZED_EDGES) == sorted_distribution
 
 
 def test_quantiles_keep_an_infinite_maximum():
