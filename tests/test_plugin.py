@@ -208,6 +208,15 @@ def test_worker_threads_share_the_cores(cpus, workers, expected):
     assert plugin.worker_threads(cpus, workers) == expected
 
 
+def test_worker_share_applies_to_xdist_workers_unless_omp_num_threads_is_set(monkeypatch):
+    monkeypatch.delenv(plugin.THREADS_ENV, raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert plugin.worker_share(None) is None
+    assert plugin.worker_share({"workerid": "gw0", "workercount": 2}) == 4
+    monkeypatch.setenv(plugin.THREADS_ENV, "3")
+    assert plugin.worker_share({"workerid": "gw0", "workercount": 2}) is None
+
+
 def test_golden_cache_is_shared_under_the_rootdir_unless_set(monkeypatch, tmp_path):
     monkeypatch.delenv(options.CACHE_ENV, raising=False)
     assert options.shared_cache_dir(tmp_path) == tmp_path / ".fa2-golden-cache"

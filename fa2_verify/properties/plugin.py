@@ -104,6 +104,13 @@ def worker_threads(cpu_count: int, worker_count: int) -> int:
     return max(1, cpu_count // max(1, worker_count))
 
 
+def worker_share(workerinput: dict[str, Any] | None) -> int | None:
+    """:func:`worker_threads` for this xdist worker; ``None`` outside a worker or when ``OMP_NUM_THREADS`` is set."""
+    if workerinput is None or THREADS_ENV in os.environ:
+        return None
+    return worker_threads(os.cpu_count() or 1, int(workerinput.get("workercount", 1)))
+
+
 def _usage(flag: str, value: object, problem: str) -> pytest.UsageError:
     return pytest.UsageError(f"{flag}={value}: {problem}")
 
@@ -175,8 +182,9 @@ def _validate_target(
         device = worker_device(device, (workerinput or {}).get("workerid"), torch.cuda.device_count())
         if pin and torch.device(device).index is not None:
             torch.cuda.set_device(torch.device(device))
-    if workerinput is not None and THREADS_ENV not in os.environ:
-        torch.set_num_threads(worker_threads(os.cpu_count() or 1, int(workerinput.get("workercount", 1))))
+    threads = worker_share(workerinput)
+    if threads is not None:
+        torch.set_num_threads(threads)
     return device
 
 
