@@ -130,6 +130,8 @@ def search_every_property(suite: Suite, search_settings: settings, seed: int) ->
     "kernel", [pytest.param(name, marks=[pytest.mark.gpu] if CORRECT[name][0] == "cuda" else []) for name in sorted(CORRECT)]
 )
 def test_correct_kernels_pass_every_property(kernel, seed, golden_options):
+    """Every property, two random examples each: 42 cases per kernel and seed, none from the golden cache
+    (each seed draws new inputs), the slowest tests of this file."""
     device, dtypes, expected_skips = CORRECT[kernel]
     suite = Suite(load_kernel(kernel), device, CI, golden_options, dtypes)
     random_search = settings(harness.catch_settings(CI), derandomize=False, max_examples=2)

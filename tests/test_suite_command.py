@@ -39,6 +39,7 @@ def test_a_usage_error_exits_2(tmp_path, monkeypatch, capfd):
 
 
 def test_a_passing_kernel_exits_0(tmp_path, monkeypatch, pytestconfig):
+    """Slow by design: the command really runs the property suite in a pytest subprocess (one property, 60 examples)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
     monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / ".fa2-golden-cache"))

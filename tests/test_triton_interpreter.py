@@ -4,6 +4,10 @@ Each test runs one check of :mod:`tests.triton_interpreter_checks` in a child
 process with ``TRITON_INTERPRET=1`` set before Triton is imported, so this
 module never changes the mode of other tests (or of GPU runs in the same
 worker).  A check fails with its own assertion message, shown here.
+
+These are among the suite's slowest tests (docs/benchmarks.md, "The
+project's own tests"): each child imports torch and Triton, and the
+interpreter runs every tile operation in NumPy.
 """
 
 from __future__ import annotations
