@@ -196,6 +196,26 @@ def test_a_kernel_that_kills_the_process_is_named_with_its_case_and_fails_the_ru
     assert replay.returncode == -signal.SIGABRT
 
 
+LEAVES_A_RECORD = """
+from fa2_verify.properties import plugin
+
+def test_leaves_a_record(pytestconfig):
+    record = {"kernel": "k", "device": "cpu", "test": "test_x", "case": {}, "reproduction": "fa2-verify repro"}
+    plugin.inflight_of(pytestconfig).begin(**record)
+"""
+
+
+def test_a_record_left_when_the_session_ends_is_reported_and_fails_a_run_that_passed(run, pytester):
+    """A record nobody withdrew is a process that died in the kernel: named in the summary, exit status 1."""
+    pytester.makepyfile(test_leaves=LEAVES_A_RECORD)
+    result = run()
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*fa2-verify property suite*", "the process (main, pid *) died while running k on cpu in test_x, on this case: fa2-verify repro"]
+    )
+
+
 def test_an_in_flight_record_lives_exactly_as_long_as_its_example(tmp_path):
     """Written before the kernel runs, replaced by the next example's, removed when the example ends."""
     session = tmp_path / "session"

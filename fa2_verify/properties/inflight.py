@@ -6,7 +6,8 @@ harness could catch, report or shrink.  So before an example's first kernel
 call the harness writes the example's case, as the one-line reproduction that
 a failure prints (:meth:`core.case.CaseSpec.reproduction`), to this process's
 in-flight file, ``<session directory>/inflight-<worker>-<pid>.json``
-(atomically, :func:`core.atomic.write_bytes_atomic`), and removes it when the
+(atomically, :func:`core.atomic.write_bytes_atomic`, without an ``fsync``: it
+must outlive its writer, not the machine), and removes it when the
 example ends, however it ends (:class:`InFlight`).  A file still there when
 the session is over was left by a process that died during that example:
 
@@ -105,7 +106,7 @@ class InFlight:
         if self.watch_within is not None and self._watcher is None:
             with self.watch_within():
                 self._watcher = _start_watcher(self.directory)
-        write_bytes_atomic(self.path, json.dumps(dataclasses.asdict(record)).encode(), overwrite=True)
+        write_bytes_atomic(self.path, json.dumps(dataclasses.asdict(record)).encode(), overwrite=True, sync=False)
 
     def end(self) -> None:
         """The example is over: remove the record."""

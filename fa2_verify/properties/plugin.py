@@ -166,10 +166,15 @@ def _inflight(config: pytest.Config) -> InFlight:
     return InFlight(session_directory(), "main", watch_within=uncaptured)
 
 
+def inflight_of(config: pytest.Config) -> InFlight:
+    """The in-flight file of the process running ``config``'s session (:mod:`properties.inflight`)."""
+    return config.stash[_inflight_key]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
     """pytest-xdist, on the controller: the worker keeps its in-flight file in the controller's directory."""
-    node.workerinput[INFLIGHT_DIR] = str(node.config.stash[_inflight_key].directory)
+    node.workerinput[INFLIGHT_DIR] = str(inflight_of(node.config).directory)
 
 
 def _validate_target(
@@ -234,7 +239,7 @@ def suite(request: pytest.FixtureRequest):
         profile=profiles.get(options["profile"]),
         golden_options=GoldenOptions(cache_dir=shared_cache_dir(request.config.rootpath)),
         dtypes=options["dtypes"],
-        inflight=request.config.stash[_inflight_key],
+        inflight=inflight_of(request.config),
     )
 
 
@@ -319,7 +324,7 @@ class Summary:
         """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any."""
         if hasattr(session.config, "workerinput"):
             return
-        inflight = session.config.stash[_inflight_key]
+        inflight = inflight_of(session.config)
         self.died = left_behind(inflight.directory)
         inflight.close()
         if self.died and session.exitstatus == pytest.ExitCode.OK:
