@@ -22,6 +22,7 @@ from fa2_verify.cli.main import main
 from fa2_verify.verify.fixed_cases import FIXED_CASES
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
+from tests import crashing
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -193,7 +194,39 @@ def test_unwritable_output_is_refused_before_any_case_runs(tmp_path, option, mak
 def test_ctrl_c_during_a_kernel_stops_the_run_with_status_130():
     code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
     assert code == 130 and "passed" not in stdout
-    assert stderr == "fa2-verify: interrupted: nothing was verified to completion\n"
+    assert stderr.splitlines()[-1] == "fa2-verify: interrupted: nothing was verified to completion"
+
+
+def test_run_case_reruns_the_named_cases_alone_in_set_order():
+    first, second = FIXED_CASES[4].name, FIXED_CASES[1].name
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--case", first, "--case", second, "--case", first)
+    assert code == 0, stdout + stderr
+    ran = [line.split()[0] for line in stdout[stdout.index("kernel s") :].splitlines()[1:3]]
+    assert ran == [second, first]
+    assert f"case set: fixed (cpu, 2 cases, chosen by --case from {len(FIXED_CASES)})" in stdout
+    assert stderr.splitlines() == [f"fa2-verify: running case 1 of 2: {second}", f"fa2-verify: running case 2 of 2: {first}"]
+
+
+def test_run_case_with_an_unknown_name_lists_the_names_in_one_line():
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--case", FIXED_CASES[0].name, "--case", "fp16-nothing")
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1
+    assert stderr.startswith("fa2-verify: error: --case=fp16-nothing is not a case of the fixed set: use one of ")
+    assert all(spec.name in stderr for spec in FIXED_CASES)
+
+
+def test_a_kernel_that_kills_run_leaves_the_case_it_was_on_as_the_last_line():
+    """tests/crashing.py: the backward aborts the process on the first case with head_dim 40."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(
+        [sys.executable, "-m", "fa2_verify", "run", "--kernel", "tests.crashing:ABORTS_ON_HEAD_DIM_40"],
+        capture_output=True, text=True, env=environment, cwd=REPO, timeout=120,
+    )
+    doomed = next(spec for spec in FIXED_CASES if spec.head_dim == crashing.FATAL_HEAD_DIM)
+    assert completed.returncode != 0 and completed.stdout == ""
+    announced = [line for line in completed.stderr.splitlines() if line.startswith("fa2-verify: ")]
+    assert FIXED_CASES.index(doomed) > 0 and announced[-1] == (
+        f"fa2-verify: running case {FIXED_CASES.index(doomed) + 1} of {len(FIXED_CASES)}: {doomed.name}"
+    )
 
 
 def test_unknown_kernel_is_one_line_exit_2():

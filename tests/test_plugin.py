@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -18,7 +19,8 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fa2_verify.golden import options
-from fa2_verify.properties import plugin, profiles
+from fa2_verify.properties import inflight, plugin, profiles
+from tests import crashing
 
 pytest_plugins = ("pytester",)
 
@@ -158,6 +160,76 @@ def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
             "*@reproduce_failure(*",
         ]
     )
+
+
+CRASHING = "tests.crashing:ABORTS_ON_HEAD_DIM_40"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", [(), ("-n", "2")], ids=["one-process", "xdist"])
+def test_a_kernel_that_kills_the_process_is_named_with_its_case_and_fails_the_run(pytester, pytestconfig, workers):
+    """tests/crashing.py aborts in its backward on head_dim 40: the run names that case, by a reproduction that
+    aborts again, and exits non-zero; with xdist in the controller's summary, without it from the watcher.
+
+    ``subprocess.run`` with pipes, not ``runpytest_subprocess``: it waits for the watcher, which outlives pytest.
+    """
+    environment = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(pytestconfig.rootpath), os.environ.get("PYTHONPATH", "")]),
+        "FA2_VERIFY_GOLDEN_CACHE": str(pytestconfig.rootpath / options.DEFAULT_CACHE_DIR),
+    }
+    command = [
+        sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "fa2_verify.properties",
+        "-k", "test_dq_within_error_model", f"--fa2-kernel={CRASHING}", "--fa2-profile=ci", *workers,
+    ]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=pytester.path, env=environment, timeout=300)
+    assert completed.returncode != 0
+    (died,) = [line for line in (completed.stdout + completed.stderr).splitlines() if " died while running " in line]
+    assert f"died while running {CRASHING} on cpu in test_dq_within_error_model, on this case: " in died
+    reproduction = died.split("on this case: ")[1]
+    case = json.loads(reproduction.split("--case '")[1].split("'")[0])
+    assert case["head_dim"] == crashing.FATAL_HEAD_DIM and case["backward"]
+    replay = subprocess.run(
+        [sys.executable, "-m", "fa2_verify", "repro", "--kernel", CRASHING, "--case", json.dumps(case), "--device", "cpu"],
+        capture_output=True, text=True, cwd=pytester.path, env=environment, timeout=120,
+    )  # fmt: skip
+    assert replay.returncode == -signal.SIGABRT
+
+
+LEAVES_A_RECORD = """
+from fa2_verify.properties import plugin
+
+def test_leaves_a_record(pytestconfig):
+    record = {"kernel": "k", "device": "cpu", "test": "test_x", "case": {}, "reproduction": "fa2-verify repro"}
+    plugin.inflight_of(pytestconfig).begin(**record)
+"""
+
+
+def test_a_record_left_when_the_session_ends_is_reported_and_fails_a_run_that_passed(run, pytester):
+    """A record nobody withdrew is a process that died in the kernel: named in the summary, exit status 1."""
+    pytester.makepyfile(test_leaves=LEAVES_A_RECORD)
+    result = run()
+    result.assert_outcomes(passed=1)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        ["*fa2-verify property suite*", "the process (main, pid *) died while running k on cpu in test_x, on this case: fa2-verify repro"]
+    )
+
+
+def test_an_in_flight_record_lives_exactly_as_long_as_its_example(tmp_path):
+    """Written before the kernel runs, replaced by the next example's, removed when the example ends."""
+    session = tmp_path / "session"
+    records = inflight.InFlight(session, "gw3")
+    assert inflight.left_behind(session) == []
+    for seed in (1, 2):
+        records.begin(kernel="k", device="cpu", test="test_x", case={"seed": seed}, reproduction=f"repro {seed}")
+    (record,) = inflight.left_behind(session)
+    assert (record.worker, record.pid, record.case, record.reproduction) == ("gw3", os.getpid(), {"seed": 2}, "repro 2")
+    assert record.message().startswith(f"the process (gw3, pid {os.getpid()}) died while running k on cpu in test_x")
+    records.end()
+    assert inflight.left_behind(session) == []
+    records.close()
+    assert not session.exists()
 
 
 def test_plugin_is_inert_in_other_test_suites(run, pytester):

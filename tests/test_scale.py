@@ -22,11 +22,11 @@ from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.properties import profiles, shapes
 from fa2_verify.properties.cases import fit_budget, work
-from fa2_verify.verify import error_model, metrics
+from fa2_verify.verify import error_model, memory, metrics
 from fa2_verify.verify.check import check_case, run_cases
 from fa2_verify.verify.fixed_cases import FIXED_CASES
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
-from fa2_verify.verify.scale_cases import CPU_CASES, CUDA_CASES, DEVICE_BYTES, footprint
+from fa2_verify.verify.scale_cases import CPU_CASES, CUDA_CASES, DEVICE_BYTES
 from tests import mutants
 
 GiB = 2**30
@@ -44,9 +44,14 @@ def _elements(spec: CaseSpec) -> int:
     return spec.batch * spec.seqlen_q * spec.heads_q * spec.head_dim
 
 
+def _device_bytes(spec: CaseSpec) -> int:
+    """The size guard's estimate of ``spec`` on a GPU: what ``run --cases scale`` refuses a case by."""
+    return memory.estimate(spec, "cuda").device
+
+
 def test_gpu_scale_set_reaches_the_production_paths_and_fits_an_h100():
     cases = CUDA_CASES
-    assert all(footprint(spec) <= DEVICE_BYTES for spec in cases), {s.name: footprint(s) / GiB for s in cases}
+    assert all(_device_bytes(spec) <= DEVICE_BYTES for spec in cases), {s.name: _device_bytes(s) / GiB for s in cases}
     lengths = {n for spec in cases for n in (spec.seqlen_q, spec.seqlen_k)}
     assert {4096, 16384, 65537, 131072} <= lengths
     assert any(s.causal for s in cases) and any(not s.causal and s.window_size == (-1, -1) for s in cases)
@@ -64,12 +69,12 @@ def test_cpu_scale_set_keeps_long_keys_and_head_dim_256():
     assert any(spec.head_dim == 256 for spec in CPU_CASES)
 
 
-def test_footprint_counts_every_float64_copy():
+def test_the_device_estimate_counts_every_float64_copy():
     spec = CUDA_CASES[0]
     forward_only = dataclasses.replace(spec, backward=False)
-    assert footprint(forward_only) < footprint(spec)
+    assert _device_bytes(forward_only) < _device_bytes(spec)
     # the golden's outputs and the bounds alone are two float64 copies of out, dq, dk and dv
-    assert footprint(spec) > 2 * 8 * 4 * _elements(spec)
+    assert _device_bytes(spec) > 2 * 8 * 4 * _elements(spec)
 
 
 def test_chunked_comparison_equals_one_chunk(monkeypatch):
@@ -189,7 +194,7 @@ def test_fit_budget_cuts_batch_and_heads_first_and_keeps_the_long_keys():
     spec = CaseSpec(batch=32, seqlen_q=131072, seqlen_k=131072, heads_q=128, heads_kv=16, head_dim=256,
                     dtype="bfloat16", causal=True)
     fitted = fit_budget(spec, limits, min_batch=2, min_group=2)
-    assert work(fitted) <= limits.max_work and footprint(fitted) <= limits.max_bytes
+    assert work(fitted) <= limits.max_work and _device_bytes(fitted) <= limits.max_bytes
     assert fitted.seqlen_k == 131072 and fitted.batch == 2 and fitted.heads_q // fitted.heads_kv == 2
     assert fitted.seqlen_q in shapes.boundary_lengths(min_value=1, max_value=131072)
     small = CaseSpec(batch=3, seqlen_q=65537, seqlen_k=17, heads_q=8, heads_kv=1, head_dim=64, dtype="float16")

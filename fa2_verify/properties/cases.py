@@ -21,7 +21,7 @@ from fa2_verify.properties.profiles import Limits
 from fa2_verify.properties.validation import check_bool
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
-from fa2_verify.verify.scale_cases import footprint
+from fa2_verify.verify.memory import estimate
 
 #: The shape limits used when none are given.
 DEFAULT_LIMITS = Limits()
@@ -33,7 +33,10 @@ def work(spec: CaseSpec) -> int:
 
 
 def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_q: int = 1, min_group: int = 1) -> CaseSpec:
-    """``spec`` cut down until its work and footprint are within ``limits.max_work`` and ``limits.max_bytes``.
+    """``spec`` cut down until its work and memory are within ``limits.max_work`` and ``limits.max_bytes``.
+
+    The memory is the size guard's estimate of a GPU's device memory,
+    ``verify.memory.estimate(spec, "cuda").device`` (``max_bytes`` budgets a GPU).
 
     In this order, each step halving one size while the case is over budget
     and never going below what the property asked for: the batch, the kv
@@ -45,7 +48,7 @@ def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_
 
     def over(candidate: CaseSpec) -> bool:
         too_long = limits.max_work is not None and work(candidate) > limits.max_work
-        return too_long or (limits.max_bytes is not None and footprint(candidate) > limits.max_bytes)
+        return too_long or (limits.max_bytes is not None and estimate(candidate, "cuda").device > limits.max_bytes)
 
     while over(spec):
         group = spec.heads_q // spec.heads_kv

@@ -53,6 +53,7 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
 def varlen_within_error_model(suite: Suite, spec: VarlenSpec) -> None:
     """Each packed sequence's outputs within ``tau * B`` of the golden of that sequence alone."""
     note(f"varlen case: {spec.describe()}")
+    suite.running(spec)
     results = check_varlen(suite.kernel, pack(spec, suite.device), golden_options=suite.golden_options)
     if results[0].status == "unsupported":
         verdicts.declined(suite, results[0].reason or "")

@@ -15,6 +15,7 @@ stopping at the first failing example: the mutant tests and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import time
 from typing import Callable
@@ -39,8 +40,20 @@ PROPERTY_MODULES: tuple[str, ...] = (
 
 
 def build_test(prop: Property, test_settings: settings) -> Callable:
-    """``prop`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under ``test_settings``."""
-    test = settings(test_settings)(given(data=st.data())(prop.check))
+    """``prop`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under ``test_settings``.
+
+    Each example ends with :meth:`Suite.finished`, however it ends, so the
+    case it announced is withdrawn (:mod:`properties.inflight`).
+    """
+
+    @functools.wraps(prop.check)
+    def example(suite: Suite, data: st.DataObject) -> None:
+        try:
+            prop.check(suite, data)
+        finally:
+            suite.finished()
+
+    test = settings(test_settings)(given(data=st.data())(example))
     test.fa2_property = prop
     return getattr(pytest.mark, MARKER)(requires=prop.requires)(test)
 

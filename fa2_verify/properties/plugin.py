@@ -18,6 +18,12 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   run here) is skipped with the reason and counted as unsupported; the
   terminal summary lists those counts, how many examples were checked per
   second, and the worst case found per property.
+* A kernel that kills its process still names the case: each process keeps
+  the case of the example it runs in an in-flight file (:mod:`properties.inflight`)
+  in one directory per session, which xdist workers get from the controller
+  (:func:`pytest_configure_node`).  A file left when the session ends is
+  reported in the terminal summary ("the process ... died while running ...")
+  and fails the run; without xdist a watcher process prints it after pytest died.
 
 Importing this module is cheap: it is loaded into every pytest run, so torch,
 Hypothesis and the kernels are imported only when a property test needs them.
@@ -25,6 +31,7 @@ Hypothesis and the kernels are imported only when a property test needs them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -34,16 +41,20 @@ import pytest
 
 from fa2_verify.properties import profiles
 from fa2_verify.properties.declaration import Property
+from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 
 EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_KERNEL = "reference"
 DEFAULT_DEVICE = "cpu"
 MARKER = "fa2_property"
 THREADS_ENV = "OMP_NUM_THREADS"
+#: The key of the session's in-flight directory in an xdist worker's ``workerinput``.
+INFLIGHT_DIR = "fa2_inflight_dir"
 
 _UNSUPPORTED = "fa2_unsupported"
 _OBSERVED = "fa2_observed"
 _options_key = pytest.StashKey["dict[str, Any]"]()
+_inflight_key = pytest.StashKey[InFlight]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -141,7 +152,36 @@ def pytest_configure(config: pytest.Config) -> None:
         "dtypes": dtypes,
         "database_dir": database_dir,
     }
+    config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
+
+
+def _inflight(config: pytest.Config) -> InFlight:
+    """This process's in-flight file: a worker's in its controller's directory, else in a fresh one.
+
+    A process that runs tests without xdist is the one that would die, so its
+    first record starts the watcher (:func:`properties.inflight.watch`), with
+    pytest's output capture suspended so that it writes to the terminal.
+    """
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        return InFlight(pathlib.Path(workerinput[INFLIGHT_DIR]), workerinput["workerid"])
+    if config.getoption("numprocesses", None):
+        return InFlight(session_directory(), "main")
+    capture = config.pluginmanager.get_plugin("capturemanager")
+    uncaptured = capture.global_and_fixture_disabled if capture is not None else contextlib.nullcontext
+    return InFlight(session_directory(), "main", watch_within=uncaptured)
+
+
+def inflight_of(config: pytest.Config) -> InFlight:
+    """The in-flight file of the process running ``config``'s session (:mod:`properties.inflight`)."""
+    return config.stash[_inflight_key]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """pytest-xdist, on the controller: the worker keeps its in-flight file in the controller's directory."""
+    node.workerinput[INFLIGHT_DIR] = str(inflight_of(node.config).directory)
 
 
 def _validate_target(
@@ -207,6 +247,7 @@ def suite(request: pytest.FixtureRequest):
         profile=profiles.get(options["profile"]),
         golden_options=GoldenOptions(cache_dir=shared_cache_dir(request.config.rootpath)),
         dtypes=options["dtypes"],
+        inflight=inflight_of(request.config),
     )
 
 
@@ -244,6 +285,7 @@ def pytest_runtest_call(item: pytest.Item):
     if not _is_property(item):
         return (yield)
     suite = item.funcargs["suite"]
+    suite.test = item.name
     suite.take_observations()
     suite.take_results()
     try:
@@ -258,9 +300,11 @@ def pytest_runtest_call(item: pytest.Item):
 
 
 class Summary:
-    """Counts and worst cases gathered from test reports (on the xdist controller, from every worker)."""
+    """Counts and worst cases gathered from test reports (on the xdist controller, from every worker),
+    and the processes that died in the kernel (their in-flight records, :mod:`properties.inflight`)."""
 
     def __init__(self) -> None:
+        self.died: list[Record] = []
         self.unsupported: dict[str, int] = {}
         self.declined: dict[str, int] = {}
         self.examples = 0
@@ -284,8 +328,18 @@ class Summary:
                     if current is None or float(record["score"]) > float(current["score"]):
                         self.worst[(test, record["label"])] = record
 
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any."""
+        if hasattr(session.config, "workerinput"):
+            return
+        inflight = inflight_of(session.config)
+        self.died = left_behind(inflight.directory)
+        inflight.close()
+        if self.died and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def lines(self) -> list[str]:
-        lines = []
+        lines = [record.message() for record in self.died]
         if self.examples:
             rate = self.examples / self.seconds if self.seconds else float("inf")
             lines.append(

@@ -49,7 +49,7 @@ class Limits:
 
     ``max_work`` (``batch * heads_q * seqlen_q * seqlen_k * head_dim``, the
     cost unit of the golden and the error model) and ``max_bytes`` (device
-    memory, :func:`verify.scale_cases.footprint`) are the per-example budget
+    memory on a GPU, ``verify.memory.estimate(spec, "cuda").device``) are the per-example budget
     of a profile whose lengths alone could exceed it: a drawn case over
     budget is cut down (:func:`properties.cases.fit_budget`).  ``None``: no budget.
 

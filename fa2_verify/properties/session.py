@@ -5,7 +5,9 @@ and handed to every property test.  Each example a property checks is
 reported with :meth:`Suite.observe` (its score, e.g. the largest normalized
 error, and its case), so the run can report how many examples it checked and
 the worst case it found per property, the quantity ``hypothesis.target``
-steers toward.
+steers toward.  Each example's case is announced with :meth:`Suite.running`
+before the kernel sees it and withdrawn with :meth:`Suite.finished`, so a
+process that dies in the kernel leaves it behind (:mod:`properties.inflight`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fa2_verify.properties.cases import Limits, case_specs
+from fa2_verify.properties.inflight import InFlight
 from fa2_verify.properties.profiles import Profile
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties.varlen import varlen_specs
@@ -48,7 +51,9 @@ class Suite:
     """The kernel under test and the run's settings.
 
     ``golden_options`` are passed to ``golden.compute``; ``dtypes``, if given,
-    restricts the dtypes drawn (to those the kernel also supports).
+    restricts the dtypes drawn (to those the kernel also supports);
+    ``inflight``, if given, keeps the case of the example running on disk
+    (the plugin sets it, and ``test`` to the property test running now).
     """
 
     kernel: LoadedKernel
@@ -56,6 +61,8 @@ class Suite:
     profile: Profile
     golden_options: Any = None
     dtypes: tuple[str, ...] | None = None
+    inflight: InFlight | None = None
+    test: str = ""
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
     _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
     _results: list[CaseResult] = dataclasses.field(default_factory=list)
@@ -93,6 +100,27 @@ class Suite:
         if score > worst.score:
             worst.score = score
             worst.reproduction = spec.reproduction(self.kernel.name)
+
+    def running(self, spec: CaseSpec) -> None:
+        """Announce ``spec`` as the case this process runs now, before any kernel call of the example.
+
+        The reproduction names the device (``--device``); a varlen batch has
+        no one-line reproduction, so its record is its spec.
+        """
+        if self.inflight is None:
+            return
+        if isinstance(spec, VarlenSpec):
+            reproduction = f"varlen case {spec.describe()}"
+        else:
+            reproduction = f"{spec.reproduction(self.kernel.name)} --device {self.device}"
+        self.inflight.begin(
+            kernel=self.kernel.name, device=self.device, test=self.test, case=spec.to_dict(), reproduction=reproduction
+        )
+
+    def finished(self) -> None:
+        """The example is over, however it ended: withdraw its case (:meth:`running`)."""
+        if self.inflight is not None:
+            self.inflight.end()
 
     def decline(self, reason: str) -> None:
         """Record an example the kernel declined at run time (:class:`~core.errors.UnsupportedCase`)."""

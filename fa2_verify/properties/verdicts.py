@@ -44,12 +44,14 @@ def score(suite: Suite, label: str, spec: CaseSpec, value: float) -> None:
 
 
 def introduce(suite: Suite, spec: CaseSpec) -> None:
-    """Attach the case's one-line reproduction to the example (printed if it fails).
+    """Attach the case's one-line reproduction to the example (printed if it fails), and announce the case
+    as the one this process runs (:meth:`Suite.running`: named even if the kernel kills the process).
 
     A case larger than the memory free (:func:`verify.memory.require_fits`)
     is declined before anything is allocated, counted as unsupported with the estimate.
     """
     note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
+    suite.running(spec)
     try:
         require_fits(spec, suite.device, suite.golden_options)
     except CaseTooLarge as exc:

@@ -159,17 +159,28 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
 
 
 def run_cases(
-    kernel: LoadedKernel, specs: Iterable[CaseSpec], device: str, *, golden_options: Any = None
+    kernel: LoadedKernel,
+    specs: Iterable[CaseSpec],
+    device: str,
+    *,
+    golden_options: Any = None,
+    starting: Callable[[int, CaseSpec], None] | None = None,
 ) -> RunResult:
     """:func:`check_case` over ``specs`` on ``device``, with the run's config, environment and thresholds.
 
     Every spec is first checked to fit in memory (:func:`verify.memory.require_fits`),
-    so a case too large is refused before any case runs.
+    so a case too large is refused before any case runs.  ``starting(index, spec)``,
+    if given, is called before each case is built: a process that dies in the
+    kernel has then said which case it was on.
     """
     specs = tuple(specs)
     for spec in specs:
         memory.require_fits(spec, device, golden_options)
-    cases = [check_case(kernel, make_case(spec, device), golden_options=golden_options) for spec in specs]
+    cases = []
+    for index, spec in enumerate(specs):
+        if starting is not None:
+            starting(index, spec)
+        cases.append(check_case(kernel, make_case(spec, device), golden_options=golden_options))
     return RunResult(
         kernel=kernel.name,
         device=device,

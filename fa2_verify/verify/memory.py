@@ -5,7 +5,10 @@ Every entry that builds cases calls :func:`require_fits` first: ``run``,
 and the property suite (``properties.verdicts.introduce``).  A case larger
 than the memory free on its device (or in host RAM) is refused in one line
 that gives the estimate, where it goes, and the memory free, instead of a
-traceback or a kernel error after minutes of work.
+traceback or a kernel error after minutes of work.  :func:`estimate` is the
+one model of a case's memory: the GPU scale set (:mod:`verify.scale_cases`)
+is sized by it and the ``scale`` property profile's per-example budget
+(``properties.cases.fit_budget``) cuts cases by it.
 
 The estimate follows :func:`verify.check.check_case` stage by stage and, for
 each stage, adds the buffers alive at its peak (including what earlier stages

@@ -6,29 +6,24 @@ elements, grid limits at 65,536 programs, key indices past 65,536,
 statistics combined over hundreds of key blocks, split-KV paths that only
 engage for long keys, and head_dim > 128 code paths.  :data:`CUDA_CASES`
 reaches each of them (the comment of each case says which), sized so that
-:func:`footprint` stays under :data:`DEVICE_BYTES`, an 80 GB H100.
+the size guard's estimate of its device memory, ``verify.memory.estimate(spec,
+"cuda").device``, stays under :data:`DEVICE_BYTES`, an 80 GB H100.
 :data:`CPU_CASES` is the same set scaled to what a 2-core CPU runs through the
 plain-PyTorch ``reference`` kernel in a few minutes: at least 4096 keys and
 head_dim 256 still appear, the >2^31-element and 65,536-program cases become
 many (batch, head) pairs.  docs/benchmarks.md ("Scale") lists every case with
-its footprint and measured times.
+its estimate and measured times.
 """
 
 from __future__ import annotations
 
 from typing import Mapping
 
-import torch
-
 from fa2_verify.core.case import CaseSpec
 
-#: Device memory the GPU set must fit in: an H100's 80 GB, less 2 GiB for the
-#: CUDA context and the caching allocator's slack.
+#: Device memory the GPU set must fit in, by ``verify.memory.estimate``: an
+#: H100's 80 GB, less 2 GiB for the CUDA context and the caching allocator's slack.
 DEVICE_BYTES = 80 * 10**9 - 2 * 2**30
-
-#: Float64 work matrices of the error model and the metrics alive at once
-#: (:data:`verify.error_model.WORK_ELEMENTS`, :data:`verify.metrics.CHUNK_ELEMENTS`).
-WORK_BYTES = 16 * 8 * 2**25 + 12 * 8 * 2**24
 
 
 def _case(name: str, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
@@ -56,9 +51,11 @@ CUDA_CASES: tuple[CaseSpec, ...] = (
     _case("s131072-causal-bf16", "bfloat16", 1, 131072, 131072, 1, 1, 128, seed=106, causal=True),
     # 131,072 keys, no mask, seqlen_q != seqlen_k
     _case("sk131072-none-fp16", "float16", 1, 2048, 131072, 2, 2, 128, seed=107),
-    # more than 2^31 elements in q (16 x 17477 x 32 x 256 = 2,290,745,344) and a batch offset
-    # (15 x 17477 x 32 x 256 = 2,147,573,760) past 2^31: int32 offsets wrap; forward only
-    _case("q-over-2^31-gqa8-causal-fp16", "float16", 16, 17477, 17477, 32, 4, 256, seed=108, causal=True,
+    # more than 2^31 elements in q (32 x 8457 x 32 x 256 = 2,216,951,808) and a batch offset
+    # (31 x 8457 x 32 x 256 = 2,147,672,064) past 2^31: int32 offsets wrap; forward only.  32 batches
+    # of 8457, not 16 of 17477: the smallest q with the last batch's offset past 2^31 shrinks
+    # with the batch count, and 16 x 17477 needs 73.2 GiB, over DEVICE_BYTES
+    _case("q-over-2^31-gqa8-causal-fp16", "float16", 32, 8457, 8457, 32, 4, 256, seed=108, causal=True,
           backward=False),
     # 8,388,609 queries: 65,537 query blocks of 128 (or more of smaller tiles) along one grid axis; forward only
     _case("grid-65537-blocks-fp16", "float16", 1, 8388609, 64, 1, 1, 32, seed=109, backward=False),
@@ -78,33 +75,3 @@ CPU_CASES: tuple[CaseSpec, ...] = (
 #: The scale set per device type.
 SCALE_CASES: Mapping[str, tuple[CaseSpec, ...]] = {"cuda": CUDA_CASES, "cpu": CPU_CASES}
 
-
-def footprint(spec: CaseSpec) -> int:
-    """Peak device bytes of verifying ``spec`` (docs/benchmarks.md, "Scale").
-
-    The inputs (q, k, v and dout, in the case dtype), the kernel's outputs
-    twice (they are cloned after the call) and, with a backward, the copies of
-    ``out`` and ``lse`` the backward is handed, and the larger of two phases: the
-    golden (float64 copies of its inputs and its float64 outputs) and the
-    comparison (the golden's outputs and the error model's bounds, both
-    float64, the dK/dV accumulators of the bounds, and :data:`WORK_BYTES`).
-    """
-    size = torch.finfo(spec.torch_dtype).bits // 8
-    q = spec.batch * spec.seqlen_q * spec.heads_q * spec.head_dim
-    kv = spec.batch * spec.seqlen_k * spec.heads_kv * spec.head_dim
-    rows = spec.batch * spec.heads_q * spec.seqlen_q
-    inputs = (2 * q + 2 * kv) * size
-    if spec.backward:
-        outputs = (2 * q + 2 * kv) * size + 4 * rows
-        golden_outputs = 8 * (2 * q + 2 * kv + 2 * rows)
-        golden_inputs = 8 * (2 * q + 2 * kv)
-        accumulators = 8 * 4 * kv
-    else:
-        outputs = q * size + 4 * rows
-        golden_outputs = 8 * (q + rows)
-        golden_inputs = 8 * (q + 2 * kv)
-        accumulators = 0
-    golden_phase = golden_inputs + golden_outputs
-    comparison_phase = 2 * golden_outputs + accumulators + WORK_BYTES
-    handed = q * size + 4 * rows if spec.backward else 0
-    return inputs + 2 * outputs + handed + max(golden_phase, comparison_phase)

@@ -2,26 +2,34 @@
 
 Runs ``--cases fixed`` (the default, :data:`verify.fixed_cases.FIXED_CASES`)
 or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
-type: production lengths on a GPU, the same set scaled down on a CPU), forward
-and backward, each case's sequence lengths fitted to the kernel's shape
-constraints (:func:`verify.fixed_cases.fitted_cases`), through the kernel on ``--device``, compares every output with
-the golden (:func:`verify.check.check_case`), prints one table (case, output,
-dtype, p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a
-failure description for each failing output, the seconds each case spent in
-the kernel, the golden and the comparison, the case set it ran, and writes
+type: production lengths on a GPU, the same set scaled down on a CPU), or only
+the cases of that set named by ``--case NAME`` (repeatable; the names the
+table prints), forward and backward, each case's sequence lengths fitted to
+the kernel's shape constraints (:func:`verify.fixed_cases.fitted_cases`),
+through the kernel on ``--device``, compares every output with the golden
+(:func:`verify.check.check_case`), prints one table (case, output, dtype,
+p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
+description for each failing output, the seconds each case spent in the
+kernel, the golden and the comparison, the case set it ran, and writes
 ``DIR/tolerance.json`` (:mod:`verify.report_json`) when ``--report DIR`` is
-given.  Exit status: 0 when every supported case passed, 1 when a case failed
-or the kernel raised (anything, ``SystemExit`` included), 2 (one line on
-stderr) for bad arguments, an unknown kernel or one whose hooks raise, a
-missing device, an output path that cannot be written (checked before any
-case runs: an existing report without ``--overwrite``, a directory, a parent
-that is not a writable directory), or when no case of the set is supported
-(nothing verified).
+given.  Before each case it writes ``fa2-verify: running case I of N: NAME``
+to stderr, so a kernel that kills the process (a segfault, an abort) leaves
+the case it was on as the last line, to re-run alone with ``--case NAME``.
+
+Exit status: 0 when every supported case passed, 1 when a case failed or the
+kernel raised (anything, ``SystemExit`` included), 2 (one line on stderr) for
+bad arguments, an unknown kernel or one whose hooks raise, a missing device,
+a ``--case`` that names no case of the set (the message lists the names), an
+output path that cannot be written (checked before any case runs: an
+existing report without ``--overwrite``, a directory, a parent that is not a
+writable directory), or when no case of the set is supported (nothing
+verified).
 """
 
 from __future__ import annotations
 
 import pathlib
+import sys
 
 import torch
 
@@ -55,6 +63,10 @@ def add_parser(subparsers) -> None:
         "--cases", choices=CASE_SETS, default="fixed",
         help="fixed: small shapes, every feature (default); scale: production lengths on cuda, scaled down on cpu",
     )
+    parser.add_argument(
+        "--case", action="append", dest="case_names", metavar="NAME",
+        help="run only this case of the set, by the name the table prints (repeatable)",
+    )
     parser.add_argument("--report", type=pathlib.Path, metavar="DIR", help=f"write DIR/{REPORT_NAME}")
     parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE",
                         help="write a Markdown summary, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)")
@@ -72,13 +84,34 @@ def case_set(name: str, device: str) -> tuple[CaseSpec, ...]:
     return SCALE_CASES[torch.device(device).type]
 
 
+def case_label(spec: CaseSpec) -> str:
+    """The name a case goes by in the tables and in ``--case``: its own, else its feature label."""
+    return spec.name or spec.feature()
+
+
+def select_cases(specs: tuple[CaseSpec, ...], names: list[str] | None, set_name: str) -> tuple[CaseSpec, ...]:
+    """The cases of ``specs`` named in ``names`` (``--case``), in the set's order; all of them without names."""
+    if not names:
+        return specs
+    labels = [case_label(spec) for spec in specs]
+    unknown = next((name for name in names if name not in labels), None)
+    if unknown is not None:
+        raise UsageError(f"--case={unknown} is not a case of the {set_name} set: use one of {', '.join(labels)}")
+    return tuple(spec for spec, label in zip(specs, labels) if label in names)
+
+
+def announce(index: int, total: int, spec: CaseSpec) -> None:
+    """``fa2-verify: running case I of N: NAME`` on stderr, flushed before the case runs."""
+    print(f"fa2-verify: running case {index + 1} of {total}: {case_label(spec)}", file=sys.stderr, flush=True)
+
+
 def format_timing(cases: list[CaseResult]) -> str:
     """Wall seconds per case spent in the kernel, the golden and the comparison (:attr:`CaseResult.seconds`)."""
     rows = [tuple(name for name, _ in _TIMING_COLUMNS)]
     for case in cases:
         phases = [case.seconds.get(phase) for phase in ("kernel", "golden", "comparison")]
         total = sum(value for value in phases if value is not None) if case.seconds else None
-        rows.append((case.spec.name or case.spec.feature(), *(_seconds(value) for value in (*phases, total))))
+        rows.append((case_label(case.spec), *(_seconds(value) for value in (*phases, total))))
     return "\n".join(
         " ".join(f"{cell:{align}}" for cell, (_, align) in zip(row, _TIMING_COLUMNS)).rstrip() for row in rows
     )
@@ -122,7 +155,7 @@ def format_table(cases: list[CaseResult]) -> str:
     one row for an unsupported or errored case, with its reason."""
     rows = [tuple(name for name, _ in _COLUMNS)]
     for case in cases:
-        name = case.spec.name or case.spec.feature()
+        name = case_label(case.spec)
         if not case.comparisons:
             rows.append((name, "-", case.spec.dtype, "-", "-", "-", "-", "-", f"{case.status}: {case.reason}"))
             continue
@@ -175,8 +208,9 @@ def handle(args) -> int:
     if args.markdown is not None:
         check_writable(args.markdown, overwrite=args.overwrite, flag="--markdown")
     kernel = resolve_target(args.kernel, args.device)
-    specs = fitted_cases(kernel.capabilities, case_set(args.cases, args.device))
-    run = run_cases(kernel, specs, args.device)
+    whole_set = case_set(args.cases, args.device)
+    specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases))
+    run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec))
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
         print()
@@ -184,7 +218,8 @@ def handle(args) -> int:
     print()
     print(format_timing(run.cases))
     print()
-    print(f"case set: {args.cases} ({torch.device(args.device).type}, {len(specs)} cases)")
+    chosen_by = f", chosen by --case from {len(whole_set)}" if args.case_names else ""
+    print(f"case set: {args.cases} ({torch.device(args.device).type}, {len(specs)} cases{chosen_by})")
     print(summary(run))
     environment = collect_environment(kernel, args.device)
     if report is not None:
