@@ -14,6 +14,8 @@
 # comparison seconds; then the failing outputs of each mutant.
 # Dependencies the GPU image lacks come from .whl-c (ci/device-deps.sh).
 # FA2_SCALE_TARGETS overrides the run targets (space-separated; empty: none);
+# FA2_SCALE_CASES (space-separated case names) runs only those cases of the set
+# (`run --case`), e.g. a mutant on the one case it must fail;
 # FA2_SCALE_PROFILE_SECONDS=0 skips the profile, FA2_SCALE_PROFILE_SEED sets its
 # --hypothesis-seed (several calls of a few minutes each then add up to a long search).
 # Exit status: 0 when triton and torch-flash pass, every mutant fails (exit 1)
@@ -28,10 +30,14 @@ mkdir -p "$out" "$TRITON_CACHE_DIR"
 mutants="$(python3 -c 'from tests.mutants import SCALE_MUTANTS; print(" ".join(f"tests.mutants:{n}" for n in SCALE_MUTANTS))')"
 read -ra targets <<<"${FA2_SCALE_TARGETS-triton torch-flash $mutants}"
 
+selected=()
+for name in ${FA2_SCALE_CASES:-}; do
+    selected+=(--case "$name")
+done
 declare -A status
 for target in "${targets[@]}"; do
     name="${target##*:}"
-    python3 -m fa2_verify run --kernel "$target" --device cuda --cases scale \
+    python3 -m fa2_verify run --kernel "$target" --device cuda --cases scale "${selected[@]}" \
         --report "$out/run-$name" --overwrite >"$out/run-$name.log" 2>&1
     status[$target]=$?
     echo "== run --cases scale --kernel $target: exit ${status[$target]}"
