@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify import metrics
 from fa2_verify.verify.metrics import (
     NORMALIZED_EDGES,
     Distribution,
@@ -16,6 +17,9 @@ from fa2_verify.verify.metrics import (
     compare,
     describe_failure,
     flash_ratio,
+    order_statistics,
+    sorted_order_statistics,
+    summarize,
     tensor_path,
     ulp,
 )
@@ -80,6 +84,20 @@ def test_nearest_rank_quantiles():
     distribution = Distribution.of(torch.arange(1, 1001, dtype=torch.float64), NORMALIZED_EDGES)
     assert distribution.count == 1000
     assert distribution.quantiles == {"p50": 500.0, "p90": 900.0, "p99": 990.0, "p99.9": 999.0, "max": 1000.0}
+
+
+def test_sorting_and_radix_selection_give_the_same_order_statistics(monkeypatch):
+    """Small outputs are sorted, large ones selected by radix passes: the same exact values either way."""
+    values = torch.cat([torch.rand(3000, dtype=torch.float64) ** 9 * 1e4, torch.zeros(40, dtype=torch.float64),
+                        torch.full((7,), INF, dtype=torch.float64), torch.tensor([2.0**-1074, 1.0, 1.0])])
+    values = values[torch.randperm(len(values), generator=torch.Generator().manual_seed(1))]
+    chunks = lambda: ({"v": chunk, "w": chunk.flip(0) * 3} for chunk in values.split(400))
+    ranks = [0, 39, 40, 1500, len(values) - 8, len(values) - 1]
+    assert sorted_order_statistics(chunks, ranks) == order_statistics(chunks, ranks)
+    edges = {"v": NORMALIZED_EDGES, "w": NORMALIZED_EDGES}
+    small = summarize(chunks, edges, len(values))
+    monkeypatch.setattr(metrics, "SORT_ELEMENTS", len(values) - 1)
+    assert summarize(chunks, edges, len(values)) == small
 
 
 def test_quantiles_keep_an_infinite_maximum():

@@ -31,7 +31,10 @@ histograms of :data:`RADIX` bins, the worst element) travels to the host.
 The quantiles are exact all the same: :func:`order_statistics` finds each
 rank by radix selection on the float64 bit patterns (for non-negative
 floats, ordering the bit patterns as integers orders the values), one pass
-over the chunks per 16-bit digit (docs/reports-and-gate.md, "Scale").
+over the chunks per 16-bit digit (docs/reports-and-gate.md, "Scale").  An
+output of at most :data:`SORT_ELEMENTS` elements is sorted instead
+(:func:`sorted_order_statistics`): the same values, without the radix
+passes' fixed cost of a :data:`RADIX`-bin histogram per digit.
 """
 
 from __future__ import annotations
@@ -69,6 +72,10 @@ CHUNK_ELEMENTS = 1 << 24
 #: and the histogram size of one pass.
 DIGIT_BITS = 16
 RADIX = 1 << DIGIT_BITS
+
+#: Values per metric up to which :func:`summarize` sorts them in one piece
+#: (8 MiB of float64) rather than selecting the ranks by radix passes.
+SORT_ELEMENTS = 1 << 20
 
 #: Axis names of each output, for tensor paths such as ``dq[b=1, i=7, h=3, c=12]``:
 #: b batch, i query position, j key position, h head (a kv head for dk/dv), c channel.
@@ -252,6 +259,18 @@ def order_statistics(
     }
 
 
+def sorted_order_statistics(
+    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], ranks: Sequence[int]
+) -> dict[str, list[float]]:
+    """:func:`order_statistics` by sorting all of each metric's values at once (for small outputs)."""
+    gathered: dict[str, list[torch.Tensor]] = {}
+    for chunk in chunks():
+        for name, values in chunk.items():
+            gathered.setdefault(name, []).append(values.reshape(-1))
+    positions = list(ranks)
+    return {name: torch.cat(parts).sort().values[positions].tolist() for name, parts in gathered.items()}
+
+
 def summarize(
     chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], edges: dict[str, Sequence[float]], count: int
 ) -> dict[str, Distribution]:
@@ -268,7 +287,8 @@ def summarize(
             counts = torch.bincount(torch.bucketize(values, inner, right=True), minlength=len(edges[name]) - 1)
             histograms[name] = counts if name not in histograms else histograms[name] + counts
     ranks = [_rank(p, count) for p in QUANTILES.values()]
-    selected = order_statistics(chunks, ranks)
+    select = sorted_order_statistics if count <= SORT_ELEMENTS else order_statistics
+    selected = select(chunks, ranks)
     return {
         name: Distribution(
             count=count,
