@@ -14,6 +14,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from fa2_verify.cli.commands.run import failure_descriptions
@@ -123,6 +124,17 @@ MASKS = {
     "causal-window": {"causal": True, "window_size": (5, -1)},
     "right-only": {"window_size": (-1, 2)},
 }
+
+
+def over_the_grid(dtypes: tuple[torch.dtype, ...] = DTYPES):
+    """Parametrize a test over ``shape`` of :data:`SHAPES`, ``mask`` of :data:`MASKS` and ``dtype`` of ``dtypes``."""
+
+    def parametrize(test):
+        test = pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())(test)
+        test = pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())(test)
+        return pytest.mark.parametrize("dtype", dtypes, ids=str)(test)
+
+    return parametrize
 
 
 def grid_spec(shape: tuple[int, ...], dtype: torch.dtype, mask: dict, *, softmax_scale: float = 0.3) -> CaseSpec:

@@ -14,7 +14,7 @@ from fa2_verify.kernels.reference import DEFERRED, EAGER, TiledAttention
 from fa2_verify.properties.relations import compare_runs
 from tests import mutants
 from tests.degraded import ScaleInBfloat16
-from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec
+from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec, over_the_grid
 from tests.naive import make_inputs
 from fa2_verify.core.errors import UsageError
 from fa2_verify.verify import error_model
@@ -30,9 +30,7 @@ KERNELS = {
 }
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@over_the_grid()
 def test_reference_passes_the_check(shape, mask, dtype) -> None:
     """out, lse, dq, dk, dv of `reference` are within the error model's bounds of the golden."""
     result = checked("reference", DEFERRED, grid_spec(shape, dtype, mask))

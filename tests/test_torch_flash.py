@@ -19,7 +19,7 @@ from fa2_verify.core.contract import heads_first, visible_mask
 from fa2_verify.kernels.torch_flash import KERNEL
 from tests.degraded import ScaleInBfloat16
 from tests.naive import make_inputs
-from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec
+from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec, over_the_grid
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
@@ -30,9 +30,7 @@ EXACT_LSE_DTYPES = (torch.float64, torch.float32)
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
-@pytest.mark.parametrize("dtype", EXACT_LSE_DTYPES, ids=str)
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@over_the_grid(EXACT_LSE_DTYPES)
 def test_cpu_passes_the_check(shape, mask, dtype) -> None:
     """out, lse, dq, dk, dv through the adapter are within the error model's bounds of the golden."""
     result = checked("torch-flash", KERNEL, grid_spec(shape, dtype, mask))
@@ -53,9 +51,7 @@ def _half_precision_verdict(result) -> bool:
     return all(result.comparisons[name].normalized.quantiles["max"] <= lse_excess for name in ("dq", "dk", "dv"))
 
 
-@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
-@pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
+@over_the_grid(HALF_DTYPES)
 def test_cpu_16_bit_passes_the_check_but_its_lse(shape, mask, dtype) -> None:
     """The check's verdict on 16-bit inputs, with the lse outside the model (:func:`_half_precision_verdict`)."""
     result = checked("torch-flash", KERNEL, grid_spec(shape, dtype, mask))
