@@ -44,6 +44,8 @@ def _half_precision_verdict(result) -> bool:
     excess ``r = max(1, max normalized error of lse)``.  Each gradient bound (docs/error-model.md, eqs. 4
     and 6 to 9) is a sum of non-negative terms in which the lse error enters only through
     ``E_ij = Delta_ij + B^L_i + ...``; an lse error of ``r B^L_i`` scales no term by more than ``r``.
+    (Handed the lse of PyTorch's float32 call instead, the 16-bit backward still has dv up to 1.08
+    times its bound on 3 of the 40 grid cases, measured 2026-11-23; so the plain bounds are not used.)
     """
     if result.status not in ("passed", "failed") or not result.comparisons["out"].passed:
         return False
