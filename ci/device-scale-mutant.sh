@@ -6,8 +6,8 @@
 # (verify/scale_cases.py).  Exit status: repro's (1 when the case fails).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source ci/device-deps.sh
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
 case_json="$(python3 - "$2" <<'PY'
 import json, sys
 from fa2_verify.verify.scale_cases import CUDA_CASES
