@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034  # plugin is read by the scripts that source this file
 # Sourced by the ci/device-*.sh scripts, from the repository root, on a GPU
 # machine with no install step: fa2-verify runs from the source tree (on
 # PYTHONPATH, output unbuffered), with the dependencies the image lacks
