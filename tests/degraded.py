@@ -54,7 +54,6 @@ class DoubledOutError:
         return self.kernel.backward(*args, **kwargs)
 
 
-
 def in_bfloat16(value: float) -> float:
     """``value`` rounded to bfloat16 (8 significant bits, round to nearest even)."""
     return float(torch.tensor(value, dtype=torch.float64).to(torch.bfloat16))

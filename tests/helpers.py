@@ -1,6 +1,7 @@
 """What several test modules share: synthetic results, the gate's synthetic target, the attention
-test grid (checked by the product's one path, :func:`checked`) and the inner Allure suite.  Test modules import this module (and ``tests.naive``,
-``tests.mutants``, ``tests.breakers``, ``tests.degraded``), never each other.
+test grid (checked by the product's one path, :func:`checked`) and the inner Allure suite.  Test
+modules import this module (and ``tests.naive``, ``tests.mutants``, ``tests.breakers``,
+``tests.degraded``), never each other.
 
 :func:`synthetic_result` builds a :class:`CaseResult` without a kernel or a
 golden: each output's error is ``scale`` times a fixed pattern of its bound,
