@@ -21,7 +21,8 @@
 # Exit status: 0 when both runs pass.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 out="${1:-gpu-out}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"
@@ -29,12 +30,6 @@ gpus="$(nvidia-smi -L | wc -l)"
 cap="${FA2_PROPERTIES_TIMEOUT:-1800}"
 
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-3}"
-# From the source tree the plugin is named with -p; where fa2-verify is
-# installed its pytest11 entry point loads it, and naming it again is an error.
-plugin=(-p fa2_verify.properties.plugin)
-if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
-    plugin=()
-fi
 
 read -ra extra <<<"${FA2_PYTEST_ARGS:-}"
 

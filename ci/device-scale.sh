@@ -22,8 +22,8 @@
 # and the profile run ends without a failure.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-source ci/device-deps.sh
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 out="${1:-gpu-out/scale}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"
@@ -70,10 +70,6 @@ for target in "${targets[@]}"; do
     esac
 done
 
-plugin=(-p fa2_verify.properties.plugin)
-if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
-    plugin=()
-fi
 seconds="${FA2_SCALE_PROFILE_SECONDS:-600}"
 if ((seconds > 0)); then
     started=$(date +%s)

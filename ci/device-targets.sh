@@ -16,19 +16,15 @@
 # targets.md.  Exit status: 0 when every run and property run passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-source ci/device-deps.sh
 out="${1:-gpu-out}"
 mkdir -p "$out"
 read -ra targets <<<"${FA2_TARGETS:-sdpa-efficient sdpa-cudnn flex-attention flash-attn-4 flash-attn}"
 read -ra runs <<<"${FA2_TARGET_RUNS:-ci:0 dev:1 dev:2}"
 workers="${FA2_TARGET_WORKERS:-8}"
 cap="${FA2_TARGET_TIMEOUT:-600}"
-plugin=(-p fa2_verify.properties.plugin)
-if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
-    plugin=()
-fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 

@@ -1,6 +1,7 @@
 """What several test modules share: synthetic results, the gate's synthetic target, the attention
-test grid and the inner Allure suite.  Test modules import this module (and ``tests.naive``,
-``tests.mutants``, ``tests.breakers``, ``tests.degraded``), never each other.
+test grid (checked by the product's one path, :func:`checked`) and the inner Allure suite.  Test
+modules import this module (and ``tests.naive``, ``tests.mutants``, ``tests.breakers``,
+``tests.degraded``), never each other.
 
 :func:`synthetic_result` builds a :class:`CaseResult` without a kernel or a
 golden: each output's error is ``scale`` times a fixed pattern of its bound,
@@ -14,13 +15,17 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 import torch
 
-from fa2_verify.core.case import CaseSpec
-from fa2_verify.core.contract import Capabilities
+from fa2_verify.cli.commands.run import failure_descriptions
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.contract import Capabilities, dtype_name
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.verify import metrics
+from fa2_verify.verify.check import check_case
 from fa2_verify.verify.corpus import Corpus
+from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.results import CaseResult, RunResult
 
@@ -120,6 +125,34 @@ MASKS = {
     "causal-window": {"causal": True, "window_size": (5, -1)},
     "right-only": {"window_size": (-1, 2)},
 }
+
+
+def over_the_grid(dtypes: tuple[torch.dtype, ...] = DTYPES):
+    """Parametrize a test over ``shape`` of :data:`SHAPES`, ``mask`` of :data:`MASKS` and ``dtype`` of ``dtypes``."""
+
+    def parametrize(test):
+        test = pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())(test)
+        test = pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())(test)
+        return pytest.mark.parametrize("dtype", dtypes, ids=str)(test)
+
+    return parametrize
+
+
+def grid_spec(shape: tuple[int, ...], dtype: torch.dtype, mask: dict, *, softmax_scale: float = 0.3) -> CaseSpec:
+    """The case of the grid: ``shape`` from :data:`SHAPES`, ``dtype`` from :data:`DTYPES`, ``mask`` from :data:`MASKS`."""
+    return CaseSpec(*shape, dtype_name(dtype), softmax_scale=softmax_scale, **mask)
+
+
+def checked(name: str, target, spec: CaseSpec, device: str = "cpu") -> CaseResult:
+    """``spec`` through ``target`` by the product's one path: poisoned outputs, the contract, the golden
+    and the error model (:func:`fa2_verify.verify.check.check_case`)."""
+    return check_case(LoadedKernel(name, target), make_case(spec, device))
+
+
+def failures(result: CaseResult) -> str:
+    """What the check reports of ``result``: each failing output's description, or its status and reason."""
+    return "\n".join(failure_descriptions([result])) or describe_failure(result)
+
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

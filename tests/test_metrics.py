@@ -17,6 +17,8 @@ from fa2_verify.verify.metrics import (
     compare,
     describe_failure,
     flash_ratio,
+    order_statistics,
+    summarize,
     tensor_path,
     ulp,
 )
@@ -98,6 +100,15 @@ def test_sorted_and_radix_selection_give_the_same_quantiles(monkeypatch):
     sorted_distribution = Distribution.of(values, NORMALIZED_EDGES)
     monkeypatch.setattr(metrics, "SORT_MAX_ELEMENTS", len(values) - 1)
     assert Distribution.of(values, NORMALIZED_EDGES) == sorted_distribution
+
+
+def test_summarize_sorts_a_small_output_without_the_radix_passes(monkeypatch):
+    """An output of at most ``SORT_MAX_ELEMENTS`` never pays the radix passes' fixed cost."""
+    values = torch.cat([torch.rand(3000, dtype=torch.float64) ** 9 * 1e4, torch.full((7,), INF, dtype=torch.float64)])
+    chunks = lambda: ({"v": chunk} for chunk in values.split(400))
+    monkeypatch.setattr(metrics, "order_statistics", lambda *args: pytest.fail("radix passes on a small output"))
+    quantiles = summarize(chunks, {"v": NORMALIZED_EDGES}, len(values))["v"].quantiles
+    assert quantiles["max"] == INF and quantiles["p50"] == float(values.sort().values[metrics._rank(0.5, len(values))])
 
 
 def test_quantiles_keep_an_infinite_maximum():

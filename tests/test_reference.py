@@ -1,17 +1,24 @@
-"""The tiled FA2 reference kernel (kernels/reference.py) against untiled float64
-attention (tests/naive.py): masks, GQA/MQA, empty rows, odd sizes, all dtypes,
-block sizes from 1 to larger than the sequence, eager vs deferred, poisoning."""
+"""The tiled FA2 reference kernel (kernels/reference.py) through the product's check
+(:func:`fa2_verify.verify.check.check_case`: the golden and the error model): masks,
+GQA/MQA, empty rows, odd sizes, all dtypes, block sizes from 1 to larger than the
+sequence, eager vs deferred, poisoning; and the same kernel with a deliberate error
+failing that check."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from fa2_verify.core.case import make_case
 from fa2_verify.kernels.reference import DEFERRED, EAGER, TiledAttention
+from fa2_verify.properties.relations import compare_runs
 from tests import mutants
-from tests.helpers import DTYPES, MASKS, SHAPES
-from tests.naive import assert_matches, check_against_attention, make_inputs
+from tests.degraded import ScaleInBfloat16
+from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec, over_the_grid
+from tests.naive import make_inputs
 from fa2_verify.core.errors import UsageError
+from fa2_verify.verify import error_model
+from fa2_verify.verify.check import golden_for
 from fa2_verify.verify.poison import poisoned
 
 KERNELS = {
@@ -23,31 +30,47 @@ KERNELS = {
 }
 
 
+@over_the_grid()
+def test_reference_passes_the_check(shape, mask, dtype) -> None:
+    """out, lse, dq, dk, dv of `reference` are within the error model's bounds of the golden."""
+    result = checked("reference", DEFERRED, grid_spec(shape, dtype, mask))
+    assert result.passed, failures(result)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_reference_matches_naive_attention(shape, mask, dtype) -> None:
-    """out, lse, dq, dk, dv of `reference` = float64 attention, within a few roundoffs of the dtype."""
-    check_against_attention(DEFERRED, shape, dtype, mask)
+def test_reference_with_its_scale_in_bfloat16_fails_the_check(shape, dtype) -> None:
+    """The check above can fail on these cases: the same kernel with softmax_scale rounded to bfloat16 does."""
+    result = checked("reference-scale-in-bf16", ScaleInBfloat16(DEFERRED), grid_spec(shape, dtype, MASKS["causal-window"]))
+    assert result.status == "failed" and "lse" in result.failed_outputs(), failures(result)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("mask", [MASKS["none"], MASKS["causal-window"]], ids=["none", "causal-window"])
 @pytest.mark.parametrize("kernel", KERNELS.values(), ids=KERNELS.keys())
-def test_any_tiling_matches_naive_attention(kernel, mask, dtype) -> None:
-    """The result does not depend on the tiling: 1x1 tiles, odd tiles, tiles larger than the sequence."""
-    check_against_attention(kernel, SHAPES["gqa-long-k"], dtype, mask)
+def test_any_tiling_passes_the_check(kernel, mask, dtype) -> None:
+    """The check passes whatever the tiling: 1x1 tiles, odd tiles, tiles larger than the sequence."""
+    result = checked("reference-tiling", kernel, grid_spec(SHAPES["gqa-long-k"], dtype, mask))
+    assert result.passed, failures(result)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
 def test_eager_equals_deferred(dtype) -> None:
-    """FA1's eager and FA2's deferred rescaling give the same out and lse up to a few roundoffs."""
-    q, k, v, _ = make_inputs((2, 50, 77, 4, 2, 16), dtype)
-    eager = EAGER.forward(q, k, v, softmax_scale=0.5, causal=True)
-    deferred = DEFERRED.forward(q, k, v, softmax_scale=0.5, causal=True)
-    tol = 16 * torch.finfo(dtype).eps
-    assert_matches("out", eager[0], deferred[0], tol)
-    assert_matches("lse", eager[1], deferred[1], 16 * torch.finfo(torch.float32).eps)
+    """FA1's eager and FA2's deferred rescaling give the same out and lse: each within tau * B of the
+    exact value, so within tau * 2B of each other (the tolerance of properties.relations.compare_runs);
+    deferred rescaling that skips the rescale of the output (mutants.SKIP_RESCALE) is not."""
+    case = make_case(grid_spec((2, 50, 77, 4, 2, 16), dtype, {"causal": True}, softmax_scale=0.5))
+    eager, deferred, skipped = (
+        kernel.forward(case.q, case.k, case.v, softmax_scale=0.5, causal=True)
+        for kernel in (EAGER, DEFERRED, mutants.SKIP_RESCALE)
+    )
+    bounds = error_model.first_order_bounds(case, golden_for(case))
+
+    def agree(name, first, second):
+        return compare_runs(name, first, second, 2 * bounds[name], threshold=error_model.THRESHOLDS[name]).passed
+
+    assert agree("out", eager[0], deferred[0]) and agree("lse", eager[1], deferred[1])
+    assert not agree("out", eager[0], skipped[0])
 
 
 EMPTY_ROWS = {
@@ -98,10 +121,10 @@ def test_every_output_element_is_written() -> None:
     assert unwritten[:, 32:].isnan().all() and not unwritten[:, :32].isnan().any()
 
 
-def test_comparison_detects_a_wrong_mask() -> None:
-    """The naive comparison used above fails for a kernel whose causal diagonal is off by one."""
-    with pytest.raises(AssertionError, match="out: max"):
-        check_against_attention(mutants.CAUSAL_SHIFT, SHAPES["square"], torch.float32, MASKS["causal"])
+def test_the_check_detects_a_wrong_mask() -> None:
+    """The check used above fails a kernel whose causal diagonal is off by one, in out."""
+    result = checked("causal-shift", mutants.CAUSAL_SHIFT, grid_spec(SHAPES["square"], torch.float32, MASKS["causal"]))
+    assert result.status == "failed" and "out" in result.failed_outputs(), failures(result)
 
 
 def test_backward_is_deterministic() -> None:
@@ -173,5 +196,6 @@ def test_bad_arguments_raise_usage_error(call, message) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_reference_on_cuda_matches_naive_attention(dtype) -> None:
-    check_against_attention(DEFERRED, SHAPES["gqa-long-k"], dtype, MASKS["causal-window"], device="cuda")
+def test_reference_on_cuda_passes_the_check(dtype) -> None:
+    result = checked("reference", DEFERRED, grid_spec(SHAPES["gqa-long-k"], dtype, MASKS["causal-window"]), "cuda")
+    assert result.passed, failures(result)

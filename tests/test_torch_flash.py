@@ -1,10 +1,13 @@
 """The ``torch-flash`` adapter (kernels/torch_flash.py): PyTorch's CPU flash
-kernel against float64 attention through the contract (layout, bottom-right
-masks, GQA, LSE, empty rows), the cases it refuses, and the CUDA call
-plumbing (checked on the meta device here; on a GPU by the ``gpu`` tests)."""
+kernel through the product's check (:func:`fa2_verify.verify.check.check_case`:
+the contract's layout, bottom-right masks, GQA, LSE, empty rows, against the
+golden under the error model), the same kernel with a deliberate error failing
+that check, the cases it refuses, and the CUDA call plumbing (checked on the
+meta device here; on a GPU by the ``gpu`` tests)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -12,35 +15,101 @@ import pytest
 import torch
 
 from fa2_verify.kernels import torch_flash
-from fa2_verify.core.contract import visible_mask
+from fa2_verify.core.contract import heads_first, visible_mask
 from fa2_verify.kernels.torch_flash import KERNEL
-from tests.naive import assert_matches, attention, check_against_attention, make_inputs
-from tests.helpers import DTYPES, MASKS, SHAPES
+from tests.degraded import ScaleInBfloat16
+from tests.naive import make_inputs
+from tests.helpers import DTYPES, MASKS, SHAPES, checked, failures, grid_spec, over_the_grid
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("mask", MASKS.values(), ids=MASKS.keys())
+#: The dtypes whose lse PyTorch's CPU kernel computes in float32 or better, and the 16-bit ones.
+EXACT_LSE_DTYPES = (torch.float64, torch.float32)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@over_the_grid(EXACT_LSE_DTYPES)
+def test_cpu_passes_the_check(shape, mask, dtype) -> None:
+    """out, lse, dq, dk, dv through the adapter are within the error model's bounds of the golden."""
+    result = checked("torch-flash", KERNEL, grid_spec(shape, dtype, mask))
+    assert result.passed, failures(result)
+
+
+def _half_precision_verdict(result) -> bool:
+    """For 16-bit inputs PyTorch's CPU kernel computes lse to only about 1e-5 relative, outside the FA2
+    model (kernels/torch_flash.py; docs/benchmarks.md).  So: out within its bounds, lse free, and the
+    backward, which recomputes ``P = exp(S - lse)`` from that lse, within its bounds scaled by the lse's
+    excess ``r = max(1, max normalized error of lse)``.  Each gradient bound (docs/error-model.md, eqs. 4
+    and 6 to 9) is a sum of non-negative terms in which the lse error enters only through
+    ``E_ij = Delta_ij + B^L_i + ...``; an lse error of ``r B^L_i`` scales no term by more than ``r``.
+    (Handed the lse of PyTorch's float32 call instead, the 16-bit backward still has dv up to 1.08
+    times its bound on 3 of the 40 grid cases, measured 2026-11-23; so the plain bounds are not used.)
+    """
+    if result.status not in ("passed", "failed") or not result.comparisons["out"].passed:
+        return False
+    lse_excess = max(1.0, result.comparisons["lse"].normalized.quantiles["max"])
+    return all(result.comparisons[name].normalized.quantiles["max"] <= lse_excess for name in ("dq", "dk", "dv"))
+
+
+@over_the_grid(HALF_DTYPES)
+def test_cpu_16_bit_passes_the_check_but_its_lse(shape, mask, dtype) -> None:
+    """The check's verdict on 16-bit inputs, with the lse outside the model (:func:`_half_precision_verdict`)."""
+    result = checked("torch-flash", KERNEL, grid_spec(shape, dtype, mask))
+    assert _half_precision_verdict(result), failures(result)
+
+
+class _DqTooLarge:
+    """torch-flash with dq 2^-3 relative too large, as a kernel applying part of the softmax scale twice."""
+
+    capabilities = KERNEL.capabilities
+
+    def forward(self, *args, **kwargs):
+        return KERNEL.forward(*args, **kwargs)
+
+    def backward(self, *args, **kwargs):
+        dq, dk, dv = KERNEL.backward(*args, **kwargs)
+        return (dq * 1.125).to(dq.dtype), dk, dv
+
+
+@pytest.mark.parametrize("shape", [SHAPES["square"], SHAPES["gqa-long-k"]], ids=["square", "gqa-long-k"])
+def test_cpu_16_bit_verdict_fails_a_wrong_dq(shape) -> None:
+    """The 16-bit verdict above can fail: dq 12.5% too large is caught in float16 (dq's normalized error
+    about 40 to 50, over an lse excess of 2 to 13 on these cases)."""
+    result = checked("torch-flash-dq-too-large", _DqTooLarge(), grid_spec(shape, torch.float16, MASKS["causal"]))
+    assert not _half_precision_verdict(result), failures(result)
+
+
+@pytest.mark.parametrize("dtype", EXACT_LSE_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
-def test_cpu_matches_naive_attention(shape, mask, dtype) -> None:
-    """out, lse, dq, dk, dv through the adapter = float64 attention, within a few roundoffs of the dtype."""
-    check_against_attention(KERNEL, shape, dtype, mask)
+def test_cpu_with_its_scale_in_bfloat16_fails_the_check(shape, dtype) -> None:
+    """The check above can fail on these cases: the same kernel with softmax_scale rounded to bfloat16 does."""
+    result = checked("torch-flash-scale-in-bf16", ScaleInBfloat16(KERNEL), grid_spec(shape, dtype, MASKS["causal-window"]))
+    assert result.status == "failed" and "lse" in result.failed_outputs(), failures(result)
+
+
+class _TopLeftCausal:
+    """PyTorch's CPU flash op with its own ``is_causal`` (top-left aligned), forward only."""
+
+    capabilities = KERNEL.capabilities
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(-1, -1)):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            *map(heads_first, (q, k, v)), 0.0, causal, scale=softmax_scale
+        )
+        return heads_first(out), lse.float()
 
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(20, 50), (50, 20)])
 def test_cpu_causal_is_bottom_right_aligned(seqlen_q, seqlen_k) -> None:
-    """With seqlen_q != seqlen_k the adapter's causal mask is the contract's, not PyTorch's top-left is_causal."""
-    shape = (1, seqlen_q, seqlen_k, 2, 2, 8)
-    check_against_attention(KERNEL, shape, torch.float64, {"causal": True})
-    q, k, v, _ = make_inputs(shape, torch.float64)
-    top_left, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), 0.0, True, scale=0.3
-    )
-    expected, _ = attention(q, k, v, softmax_scale=0.3, causal=True)
-    with pytest.raises(AssertionError, match="top-left"):
-        assert_matches("top-left", top_left.transpose(1, 2), expected, 1e-3)
+    """With seqlen_q != seqlen_k the adapter's causal mask is the contract's: it passes the check, and
+    PyTorch's top-left ``is_causal`` fails it in out."""
+    spec = grid_spec((1, seqlen_q, seqlen_k, 2, 2, 8), torch.float64, {"causal": True})
+    result = checked("torch-flash", KERNEL, spec)
+    assert result.passed, failures(result)
+    top_left = checked("torch-flash-top-left", _TopLeftCausal(), dataclasses.replace(spec, backward=False))
+    assert top_left.status == "failed" and "out" in top_left.failed_outputs(), failures(top_left)
 
 
 def test_cpu_empty_rows() -> None:
@@ -153,8 +222,9 @@ def test_registered_with_capabilities_and_config() -> None:
 @pytest.mark.parametrize(
     "shape", [(2, 33, 70, 4, 2, 64), (1, 70, 33, 6, 1, 128), (1, 1, 40, 4, 2, 32)], ids=["gqa-long-k", "mqa-long-q", "decode"]
 )
-def test_cuda_matches_naive_attention(shape, mask, dtype) -> None:
-    check_against_attention(KERNEL, shape, dtype, mask, device="cuda")
+def test_cuda_passes_the_check(shape, mask, dtype) -> None:
+    result = checked("torch-flash", KERNEL, grid_spec(shape, dtype, mask), "cuda")
+    assert result.passed, failures(result)
 
 
 @pytest.mark.gpu

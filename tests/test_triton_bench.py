@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fa2_verify.bench import checks, sweep, timing
+from fa2_verify.bench import run as bench_run
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
 from fa2_verify.cli.main import main
@@ -73,3 +74,21 @@ def test_cli_bench_needs_a_gpu(capsys) -> None:
     assert main(["bench", "--sections", "bench"]) == 2
     error = capsys.readouterr().err.strip()
     assert error.count("\n") == 0 and "--device=cuda" in error and "no CUDA device" in error
+
+
+def test_tables_keep_one_cell_per_column_and_empty_cells_for_an_error() -> None:
+    worst = {"normalized_max": {"out": 0.12, "lse": 0.5}}
+    checked = [{"name": "x", "error": "bad"},
+               {"name": "y", "atomic": worst, "deterministic": worst, "bitwise_repeat": True, "passed": True}]
+    assert bench_run._check_table(checked).splitlines() == [
+        "| case | atomic: out lse dq dk dv | deterministic: out lse dq dk dv | det. bitwise | passed |",
+        "| --- | --- | --- | --- | --- |",
+        "| x | error: bad | | | FAIL |",
+        "| y | 0.12 0.5 - - - | 0.12 0.5 - - - | True | ok |",
+    ]
+    timed = [{"label": "a", "error": "boom"},
+             {"label": "b", "check": None, "tflops_triton": 100.2, "tflops_sdpa": 90.0, "ratio": 1.11,
+              "peak_mib_triton": 10, "peak_mib_sdpa": 12, "row": {"mode": "fwd"}}]
+    assert bench_run._bench_table(timed).splitlines()[2:5] == [
+        "| a | error: boom | | | | | |", "| b | 100 | 90 | 1.11 | 10 | 12 | - |", ""
+    ]

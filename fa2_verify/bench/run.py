@@ -85,18 +85,38 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
 
 
+def _table(columns: tuple[tuple[str, str], ...], rows: list[list[str]]) -> list[str]:
+    """A Markdown table: ``columns`` are (heading, alignment: ``---`` or ``---:``), an empty cell stays ``| |``."""
+    def line(cells) -> str:
+        return "|" + "|".join(f" {cell} " if cell else " " for cell in cells) + "|"
+
+    return [line(heading for heading, _ in columns), line(align for _, align in columns)] + [line(row) for row in rows]
+
+
+def _error_row(name: str, error: str, width: int, verdict: str = "") -> list[str]:
+    """The row of a ``name`` that raised ``error``, ``width`` cells, ending with ``verdict``."""
+    return [name, f"error: {error}"] + [""] * (width - 3) + [verdict]
+
+
+_BENCH_COLUMNS = (("row", "---"), ("triton TFLOP/s", "---:"), ("sdpa-flash TFLOP/s", "---:"), ("ratio", "---:"),
+                  ("triton peak MiB", "---:"), ("sdpa peak MiB", "---:"), ("check (max normalized error)", "---"))
+
+_CHECK_COLUMNS = (("case", "---"), ("atomic: out lse dq dk dv", "---"), ("deterministic: out lse dq dk dv", "---"),
+                  ("det. bitwise", "---"), ("passed", "---"))
+
+
 def _bench_table(results: list[dict]) -> str:
-    lines = ["| row | triton TFLOP/s | sdpa-flash TFLOP/s | ratio | triton peak MiB | sdpa peak MiB | check (max normalized error) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    rows = []
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['label']} | error: {r['error']} | | | | | |")
+            rows.append(_error_row(r["label"], r["error"], len(_BENCH_COLUMNS)))
             continue
         check = r["check"]
         verdict = "-" if check is None else ("ok" if check["passed"] else "FAIL") + " " + ", ".join(
             f"{name} {error:.2g}" for name, error in check["normalized_max"].items())
-        lines.append(f"| {r['label']} | {r['tflops_triton']:.0f} | {r['tflops_sdpa']:.0f} | {r['ratio']:.2f} | "
-                     f"{r['peak_mib_triton']:.0f} | {r['peak_mib_sdpa']:.0f} | {verdict} |")
+        rows.append([r["label"], f"{r['tflops_triton']:.0f}", f"{r['tflops_sdpa']:.0f}", f"{r['ratio']:.2f}",
+                     f"{r['peak_mib_triton']:.0f}", f"{r['peak_mib_sdpa']:.0f}", verdict])
+    lines = _table(_BENCH_COLUMNS, rows)
     for mode in ("fwd", "fwd+bwd"):
         ratios = [r["ratio"] for r in results if "ratio" in r and r["row"]["mode"] == mode]
         if ratios:
@@ -107,20 +127,16 @@ def _bench_table(results: list[dict]) -> str:
 
 def _check_table(results: list[dict]) -> str:
     """One row per case: the largest normalized error of each output (threshold 1) in both backward modes."""
-    lines = ["| case | atomic: out lse dq dk dv | deterministic: out lse dq dk dv | det. bitwise | passed |",
-             "| --- | --- | --- | --- | --- |"]
-    for r in results:
-        if "error" in r:
-            lines.append(f"| {r['name']} | error: {r['error']} | | | FAIL |")
-            continue
+    def fmt(summary):
+        worst = summary["normalized_max"]
+        return " ".join(f"{worst[n]:.2g}" if n in worst else "-" for n in ("out", "lse", "dq", "dk", "dv"))
 
-        def fmt(summary):
-            worst = summary["normalized_max"]
-            return " ".join(f"{worst[n]:.2g}" if n in worst else "-" for n in ("out", "lse", "dq", "dk", "dv"))
-
-        lines.append(f"| {r['name']} | {fmt(r['atomic'])} | {fmt(r['deterministic'])} | "
-                     f"{r['bitwise_repeat']} | {'ok' if r['passed'] else 'FAIL'} |")
-    return "\n".join(lines)
+    rows = [
+        _error_row(r["name"], r["error"], len(_CHECK_COLUMNS), "FAIL") if "error" in r else
+        [r["name"], fmt(r["atomic"]), fmt(r["deterministic"]), f"{r['bitwise_repeat']}", "ok" if r["passed"] else "FAIL"]
+        for r in results
+    ]
+    return "\n".join(_table(_CHECK_COLUMNS, rows))
 
 
 def _write(out_dir: str | None, name: str, text: str) -> None:
