@@ -14,7 +14,7 @@ import torch
 
 from fa2_verify import golden
 from fa2_verify.core import layouts
-from fa2_verify.properties import relations
+from fa2_verify.properties import determinism, relations
 from fa2_verify.properties.determinism import dq_spread_bound, key_blocks
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.core.case import CaseSpec, make_case
@@ -117,6 +117,22 @@ def test_dq_spread_bound_holds_for_random_orders_and_is_not_vacuous(dtype):
     assert bool((spreads <= bound).all())
     if dtype == "float32":
         assert float(spreads.max()) > 0 and float((spreads / bound).max()) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "mask", [{}, {"causal": True}, {"window_size": (3, 2)}, {"window_size": (-1, 0)}], ids=["none", "causal", "window", "right-0"]
+)
+def test_dq_spread_bound_is_the_same_in_any_row_blocks(monkeypatch, mask):
+    """Row blocks of one query and the whole head in one block give the same bound (GQA, masks, seqlen_q != seqlen_k)."""
+    case = _case(dtype="float16", seqlen_q=9, seqlen_k=13, backward=True, **mask)
+    golden_result = golden.compute(
+        case.q, case.k, case.v, case.dout, softmax_scale=case.spec.scale, causal=case.spec.causal,
+        window_size=case.spec.window_size,
+    )
+    runs = [golden_result.dq.to(torch.float16)]
+    whole = dq_spread_bound(case, golden_result, runs, block_k=4)
+    monkeypatch.setitem(determinism.BLOCK_ELEMENTS, "cpu", 1)
+    assert torch.allclose(dq_spread_bound(case, golden_result, runs, block_k=4), whole, rtol=1e-13, atol=0)
 
 
 def test_pack_lays_sequences_end_to_end_with_empty_ones():
