@@ -27,6 +27,8 @@ float16/bfloat16 inputs that LSE is accurate to only about 1e-5 relative
 through and the verification reports it.  For a row that sees no key it writes ``out = 0`` and ``lse = 0``: the adapter reports
 ``-inf`` there and hands the kernel its own 0 back in the backward (with
 ``-inf`` its backward computes ``exp(-inf - (-inf)) = NaN``).
+Its backward accumulates dQ, dK and dV in the input dtype across blocks
+(:data:`CPU_Q_SPLIT`), declared to the error model by ``config()["partial_sums"]``.
 
 What the contract cannot express in :class:`~core.contract.Capabilities`
 (listed in its notes) raises :class:`~core.errors.UnsupportedCase`:
@@ -62,6 +64,15 @@ from fa2_verify.core.errors import UnsupportedCase
 CUDA_HEAD_DIM_MULTIPLE = 8
 CUDA_MAX_HEAD_DIM = 256
 CUDA_MIN_CAPABILITY = (8, 0)
+
+#: PyTorch's CPU backward (``FlashAttentionKernel.cpp``) adds each block's
+#: ``P^T dO``, ``dS^T Q`` and ``dS K`` into dV, dK and dQ stored in the input
+#: dtype (its GEMMs take ``beta = 1`` on the output tensors), so the partial sums
+#: are rounded after every query block of ``q_split_size`` rows, per query head,
+#: and after every key block of ``kv_split_size`` keys (docs/error-model.md,
+#: eqs. 7b to 9b).  ``[from_seqlen_q, q_split_size]``, as its dispatch picks them:
+CPU_Q_SPLIT = [[0, 32], [192, 64], [768, 256]]
+CPU_KV_SPLIT = 512
 
 
 @contextlib.contextmanager
@@ -219,6 +230,7 @@ class TorchFlash:
             "cpu_op": "aten::_scaled_dot_product_flash_attention_for_cpu",
             "cuda_op": "aten::_flash_attention_forward",
             "cuda_flash_impl": current_impl or "FA2 (built in)",
+            "partial_sums": {"cpu": {"dkv_rows": CPU_Q_SPLIT, "dq_keys": CPU_KV_SPLIT}},
         }
 
     def _require_supported(self, q: torch.Tensor, k: torch.Tensor, causal: bool, window_size) -> tuple[int, int]:

@@ -78,7 +78,8 @@ def golden_of(suite: Suite, case: Case) -> Any:
 
 def bounds_of(suite: Suite, case: Case) -> dict[str, torch.Tensor]:
     """First-order bounds for ``case`` (docs/error-model.md), from the golden."""
-    return error_model.first_order_bounds(case, golden_of(suite, case))
+    partials = error_model.PartialSums.of(suite.kernel.config(), case.q.device, case.spec.seqlen_q)
+    return error_model.first_order_bounds(case, golden_of(suite, case), partials)
 
 
 def call_kernel(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool | None = None) -> list[Outputs]:

@@ -74,7 +74,8 @@ def _compared(
     golden = golden_for(case, golden_options)
     seconds["golden"] = time.perf_counter() - started
     started = time.perf_counter()
-    bounds = error_model.first_order_bounds(case, golden)
+    partials = error_model.PartialSums.of(kernel.config(), case.q.device, spec.seqlen_q)
+    bounds = error_model.first_order_bounds(case, golden, partials)
     naive = lowprec.naive_attention(case) if lowprec.fits(spec) else {}
     comparisons = {
         name: metrics.compare(

@@ -25,6 +25,7 @@ float64 a block at a time.  A correct kernel keeps
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -32,7 +33,7 @@ import torch
 
 from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
-from fa2_verify.core.errors import UsageError
+from fa2_verify.core.errors import KernelLoadError, UsageError
 
 #: Normalized-error threshold per output (docs/error-model.md, "Thresholds").
 THRESHOLDS: Mapping[str, float] = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
@@ -94,6 +95,61 @@ def flush_unit(dtype: torch.dtype) -> float:
     return torch.finfo(torch.float32).smallest_normal
 
 
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _size_by_seqlen_q(value: Any, seqlen_q: int) -> int | None:
+    """A declared block size for ``seqlen_q``: an int, or the last ``[from_seqlen_q, size]`` pair that applies.
+
+    None if ``value`` is neither (a positive int; pairs with increasing
+    ``from_seqlen_q``, the first 0).
+    """
+    if _is_size(value):
+        return value
+    pairs = value if isinstance(value, (list, tuple)) and value else [None]
+    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 and all(map(_is_size, (pair[0] + 1, pair[1])))
+               for pair in pairs) or pairs[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
+        return None
+    return [size for start, size in pairs if start <= seqlen_q][-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartialSums:
+    """Where a kernel stores gradient partial sums in the input dtype (docs/error-model.md, eqs. 7b to 9b).
+
+    ``dkv_rows``: dK and dV are accumulated in a ``T`` buffer, rounded after
+    the contribution of each block of ``dkv_rows`` query rows (blocks start at
+    multiples of it) of each query head, heads in increasing order within their
+    group (PyTorch's CPU flash backward: ``q_split_size``).  ``dq_keys``: dQ is
+    rounded after each block of ``dq_keys`` keys (``kv_split_size``).  None:
+    the FlashAttention-2 model, float32 accumulators across all blocks (Dao
+    2023, Algorithm 2, lines 13 to 15).
+    """
+
+    dkv_rows: int | None = None
+    dq_keys: int | None = None
+
+    #: The kernel ``config()`` key: ``{device type: {"dkv_rows": size, "dq_keys": size}}``, each size an int
+    #: or a list of ``[from_seqlen_q, size]`` pairs (the kernel picks its blocks by seqlen_q).
+    CONFIG_KEY = "partial_sums"
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], device: torch.device | str, seqlen_q: int) -> "PartialSums":
+        """The partial sums a kernel's ``config()`` declares for ``device``'s type at ``seqlen_q`` (none: FA2's)."""
+        declared = config.get(cls.CONFIG_KEY, {})
+        blocks = declared.get(torch.device(device).type, {}) if isinstance(declared, Mapping) else None
+        fields = {field.name for field in dataclasses.fields(cls)}
+        sizes = {name: _size_by_seqlen_q(value, seqlen_q) for name, value in dict(blocks or {}).items()}
+        if not isinstance(blocks, Mapping) or set(blocks) - fields or None in sizes.values():
+            raise KernelLoadError(
+                f"config()[{cls.CONFIG_KEY!r}]={declared!r} is not a mapping of device type to "
+                "{'dkv_rows': size, 'dq_keys': size}, each size a positive int or a list of "
+                "[from_seqlen_q, size] pairs from 0 in increasing order"
+            )
+        return cls(**sizes)
+
+
 def _gamma(n: torch.Tensor | float, unit: float) -> torch.Tensor:
     """``gamma_n = n u / (1 - n u)`` (Higham, Accuracy and Stability, Lemma 3.1); needs ``n u < 1``."""
     nu = torch.as_tensor(n, dtype=torch.float64) * unit
@@ -132,6 +188,91 @@ def _blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -
     return blocks
 
 
+def _rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first_row, last_row)``, int64 (seqlen_k,): the queries that see key ``j`` are ``first_row[j]..last_row[j]``.
+
+    ``first`` and ``last`` of :func:`core.contract.visible_ranges` never
+    decrease with ``i``, so the rows with ``first[i] <= j`` are a prefix, those
+    with ``last[i] >= j`` a suffix, and the rows that see ``j`` the interval
+    between (empty, ``first_row > last_row``, for a key no row sees).
+    """
+    key_index = torch.arange(seqlen_k, device=first.device)
+    return torch.searchsorted(last, key_index), torch.searchsorted(first, key_index, right=True) - 1
+
+
+class _QueryBlockPartials:
+    """``sum |S|`` over the intermediate roundings of dV's and dK's partial sums ``S`` for one kv head (eqs. 7b, 9b).
+
+    The kernel adds the contributions ``P_ij dO_ic`` (``dS_ij Q_ic``) of head
+    ``h`` of the group and query block ``b`` (``partials.dkv_rows`` rows) to a
+    ``T`` buffer and rounds it, heads in increasing order and blocks in
+    increasing order within a head.  A rounding is exact unless the block holds
+    a query that sees key ``j``; the last one, of head ``G - 1``, is (7)'s
+    ``u |dV_jc|``.  Call :meth:`add` on the query rows in increasing order, then
+    :meth:`finish`.  With ``T_h`` the contribution of head ``h`` and ``S^h_b``
+    head ``h``'s own partial sum after block ``b``, the partial sum there is
+    ``sum_(h'<h) T_h' + S^h_b``, bounded by ``sum_(h'<h) |T_h'| + |S^h_b|``.
+    """
+
+    def __init__(
+        self, block: int, group: int, seqlen_k: int, head_dim: int, first: torch.Tensor, last: torch.Tensor
+    ) -> None:
+        seqlen_q, device = len(first), first.device
+        first_row, last_row = _rows_seeing_keys(first, last, seqlen_k)
+        self.block, self.seqlen_q = block, seqlen_q
+        #: b_j, the block of the last query that sees key j; R_j, the blocks with a query that sees it
+        self.last_block = last_row.div(block, rounding_mode="floor")
+        self.blocks = (self.last_block - first_row.div(block, rounding_mode="floor") + 1).clamp(min=0)
+        self.last_head = (torch.arange(group, device=device) == group - 1)[:, None]
+        self.later_heads = torch.arange(group - 1, -1, -1, device=device)[:, None]
+        self.dv = torch.zeros(group, seqlen_k, head_dim, dtype=torch.float64, device=device)
+        self.dk = torch.zeros_like(self.dv)
+        self.dv_rounded = torch.zeros(seqlen_k, head_dim, dtype=torch.float64, device=device)
+        self.dk_rounded = torch.zeros_like(self.dv_rounded)
+
+    def roundings(self) -> torch.Tensor:
+        """``G R_j - 1``, float64 (seqlen_k,): the intermediate roundings of key ``j``'s partial sums (0 if none)."""
+        return (self.later_heads.numel() * self.blocks - 1).clamp(min=0).to(torch.float64)
+
+    def add(self, rows: slice, keys: slice, p: torch.Tensor, ds: torch.Tensor, dout: torch.Tensor, q: torch.Tensor):
+        """Rows ``rows`` (all heads of the group: ``p``, ``ds`` signed (G, rows, keys); ``dout``, ``q`` (G, rows, d))."""
+        start = rows.start
+        while start < rows.stop:
+            block = start // self.block
+            stop = min(rows.stop, (block + 1) * self.block)
+            local = slice(start - rows.start, stop - rows.start)
+            self.dv[:, keys] += p[:, local].mT @ dout[:, local]
+            self.dk[:, keys] += ds[:, local].mT @ q[:, local]
+            if stop % self.block == 0 or stop == self.seqlen_q:
+                rounded = (block <= self.last_block - self.last_head.to(self.last_block.dtype))[..., None]
+                self.dv_rounded += (rounded * self.dv.abs()).sum(0)
+                self.dk_rounded += (rounded * self.dk.abs()).sum(0)
+            start = stop
+
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``sum |S|`` for dV and dK, (seqlen_k, d): the heads' own partial sums plus ``|T_h|`` once per later rounding."""
+        later = (self.later_heads * self.blocks - 1).clamp(min=0).to(torch.float64)[..., None]
+        return self.dv_rounded + (later * self.dv.abs()).sum(0), self.dk_rounded + (later * self.dk.abs()).sum(0)
+
+
+def _key_block_partials(ds: torch.Tensor, k_rows: torch.Tensor, keys: slice, last: torch.Tensor, block: int):
+    """``sum |S|`` over the intermediate roundings of dQ's partial sums ``S = sum_(j < end of key block) dS_ij K_jc`` (eq. 8b).
+
+    ``ds`` signed (G, rows, keys) over the key span ``keys``, ``k_rows`` (keys, d),
+    ``last`` the last key each row sees; the kernel rounds after each block of
+    ``block`` keys, and the rounding after row ``i``'s last block is (8)'s ``u |dQ_ic|``.
+    Before a row's first visible block its partial sum is 0.  Without ``scale``.
+    """
+    last_block = last.div(block, rounding_mode="floor")[:, None]
+    partial = torch.zeros(*ds.shape[:2], k_rows.shape[-1], dtype=torch.float64, device=ds.device)
+    rounded = torch.zeros_like(partial)
+    for start in range(keys.start - keys.start % block, keys.stop, block):
+        local = slice(max(start, keys.start) - keys.start, min(start + block, keys.stop) - keys.start)
+        partial += ds[..., local] @ k_rows[local]
+        rounded += (start // block < last_block) * partial.abs()
+    return rounded
+
+
 def _largest_finite(expected: torch.Tensor) -> float:
     """``max |expected|`` over its finite elements (0 if none), a chunk at a time on its device."""
     flat = expected.detach().reshape(-1)
@@ -143,7 +284,7 @@ def _largest_finite(expected: torch.Tensor) -> float:
     return largest
 
 
-def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
+def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialSums()) -> dict[str, torch.Tensor]:
     """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``, ``dv``.
 
     ``golden`` is a ``golden.GoldenResult`` for ``case`` (``out``, ``lse``,
@@ -167,6 +308,12 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
       + u |dQ_ic| + eta + 3 (n_i + 2) max(1, scale) eta_a [n_i > 0]``
     * (9) dK            ``B^dK_jc = scale sum_(h,i) B^dS_ij |Q_ic| + (gamma_{N_j+G+2} + u_G) scale sum_(h,i) |dS_ij| |Q_ic|
       + u |dK_jc| + eta_G + 3 (N_j + G + 2) max(1, scale) eta_a [N_j > 0]``
+    * (7b) dV partials  with ``partials.dkv_rows``, (7) gains ``u sum_(h,b) |S^dV_hb,jc| + eta (G R_j - 1)`` over
+      the ``G R_j - 1`` intermediate roundings of the partial sums, ``R_j`` the row blocks with a query that
+      sees key ``j`` (:class:`_QueryBlockPartials`)
+    * (8b) dQ partials  with ``partials.dq_keys``, (8) gains ``u scale sum_b |S^dQ_b,ic| + eta (C_i - 1)``,
+      ``C_i`` the key blocks row ``i`` sees (:func:`_key_block_partials`)
+    * (9b) dK partials  as (7b), ``u scale sum_(h,b) |S^dK_hb,jc| + eta (G R_j - 1)``
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``.
     """
@@ -209,12 +356,17 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         dv_mass = torch.zeros_like(dv_error)
         dk_error = torch.zeros_like(dv_error)
         dk_mass = torch.zeros_like(dv_error)
+        dv_partial = torch.zeros_like(dv_error)
+        dk_partial = torch.zeros_like(dv_error)
 
     # the query heads of one kv head share its keys: a block holds all of them
     blocks = _blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
     for b in range(batch):
         for g in range(heads_kv):
             heads = slice(g * group, (g + 1) * group)
+            query_partials = None
+            if backward and partials.dkv_rows is not None:
+                query_partials = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last)
             for rows, keys in blocks:
                 key_index = torch.arange(keys.start, keys.stop, device=device)
                 vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
@@ -274,8 +426,9 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     d_rows = (dout_rows * out[b, rows, heads].transpose(0, 1)).sum(-1)
                 else:
                     d_rows = delta[b, heads, rows]
+                ds = p * (dp - d_rows[..., None])
                 centered = (dp - d_rows[..., None]).abs()
-                ds_abs = p * centered
+                ds_abs = ds.abs()
                 # (6)
                 b_ds = (
                     p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[..., None])
@@ -283,18 +436,33 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
                     + (eta + (eta + eta_a) * centered + eta_a * (2 * head_dim + 2)) * seen
                 )
                 # (8)
-                bound_dq[b, rows, heads] = (
+                b_dq = (
                     scale * (b_ds @ k_abs)
                     + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
                     + u * dq_expected[b, rows, heads].transpose(0, 1).abs()
                     + eta
                     + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
-                ).transpose(0, 1)
+                )
+                if partials.dq_keys is not None:
+                    # (8b)
+                    key_blocks = last[rows].div(partials.dq_keys, rounding_mode="floor") - first[rows].div(
+                        partials.dq_keys, rounding_mode="floor"
+                    )
+                    b_dq = (
+                        b_dq
+                        + u * scale * _key_block_partials(ds, k_rows, keys, last[rows], partials.dq_keys)
+                        + eta * (key_blocks * nonempty)[:, None]
+                    )
+                bound_dq[b, rows, heads] = b_dq.transpose(0, 1)
                 q_abs = q_rows.abs()
                 dv_error[b, keys, g] += ((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout_abs).sum(0)
                 dv_mass[b, keys, g] += (p.mT @ dout_abs).sum(0)
                 dk_error[b, keys, g] += (b_ds.mT @ q_abs).sum(0)
                 dk_mass[b, keys, g] += (ds_abs.mT @ q_abs).sum(0)
+                if query_partials is not None:
+                    query_partials.add(rows, keys, p, ds, dout_rows, q_rows)
+            if query_partials is not None:
+                dv_partial[b, :, g], dk_partial[b, :, g] = query_partials.finish()
 
     bounds = {"out": bound_out, "lse": bound_lse}
     if backward:
@@ -304,6 +472,11 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
         seen_key = (n_key > 0).to(torch.float64)
         eta_group = eta + (group if group > 1 else 0) * eta * seen_key
         bounds["dq"] = bound_dq
+        # (7b), (9b): eta for each intermediate rounding of the partial sums
+        partial_roundings = 0.0
+        if partials.dkv_rows is not None:
+            partial_roundings = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last).roundings()
+            partial_roundings = partial_roundings[None, :, None, None]
         # (7)
         bounds["dv"] = (
             dv_error
@@ -311,6 +484,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
             + u * on_device(golden.dv).abs()
             + eta_group
             + 3 * (n_key + group) * seen_key * eta_a
+            + u * dv_partial
+            + eta * partial_roundings
         )
         # (9)
         bounds["dk"] = (
@@ -319,6 +494,8 @@ def first_order_bounds(case: Case, golden: Any) -> dict[str, torch.Tensor]:
             + u * on_device(golden.dk).abs()
             + eta_group
             + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
+            + u * scale * dk_partial
+            + eta * partial_roundings
         )
     for name, bound in bounds.items():
         # (10)
