@@ -17,8 +17,10 @@ import torch
 from fa2_verify import golden
 from tests import naive
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import KernelLoadError
 from fa2_verify.verify.error_model import (
     SECOND_ORDER_UNITS,
+    PartialSums,
     THRESHOLDS,
     accumulation_unit,
     first_order_bounds,
@@ -245,3 +247,57 @@ def test_ds_without_float16_subnormals_fails(seed):
     result = _checked(DS_FLUSH_SUBNORMAL, spec)
     assert result.status == "failed"
     assert not result.comparisons["dk"].passed and not result.comparisons["dq"].passed
+
+
+PYTORCH_CPU_SPLITS = {"cpu": {"dkv_rows": [[0, 32], [192, 64], [768, 256]], "dq_keys": 512}}
+
+
+@pytest.mark.parametrize(
+    "device, seqlen_q, expected",
+    [
+        ("cpu", 1, PartialSums(dkv_rows=32, dq_keys=512)),
+        ("cpu", 191, PartialSums(dkv_rows=32, dq_keys=512)),
+        ("cpu", 192, PartialSums(dkv_rows=64, dq_keys=512)),
+        ("cpu", 8192, PartialSums(dkv_rows=256, dq_keys=512)),
+        ("cuda", 100, PartialSums()),
+    ],
+)
+def test_partial_sums_are_read_from_the_kernel_config_by_seqlen_q(device, seqlen_q, expected):
+    assert PartialSums.of({PartialSums.CONFIG_KEY: PYTORCH_CPU_SPLITS}, device, seqlen_q) == expected
+    assert PartialSums.of({"block_k": 16}, device, seqlen_q) == PartialSums()
+
+
+BAD_PARTIAL_SUMS = {
+    "not-by-device": {"dkv_rows": 32},
+    "unknown-field": {"cpu": {"dv_rows": 32}},
+    "zero": {"cpu": {"dkv_rows": 0}},
+    "bool": {"cpu": {"dq_keys": True}},
+    "float": {"cpu": {"dq_keys": 512.0}},
+    "table-not-from-0": {"cpu": {"dkv_rows": [[192, 64]]}},
+    "table-decreasing": {"cpu": {"dkv_rows": [[0, 32], [768, 256], [192, 64]]}},
+    "table-empty": {"cpu": {"dkv_rows": []}},
+    "table-bad-pair": {"cpu": {"dkv_rows": [[0, 32, 1]]}},
+    "table-string-start": {"cpu": {"dkv_rows": [["0", 32]]}},
+    "device-not-a-mapping": {"cpu": 32},
+}
+
+
+@pytest.mark.parametrize("declared", BAD_PARTIAL_SUMS.values(), ids=BAD_PARTIAL_SUMS.keys())
+def test_bad_partial_sums_declaration_is_a_one_line_kernel_error(declared):
+    with pytest.raises(KernelLoadError, match=r"^config\(\)\['partial_sums'\]=.* is not a mapping of device type \(cpu, cuda\)"):
+        PartialSums.of({PartialSums.CONFIG_KEY: declared}, "cpu", 100)
+
+
+def test_partial_sums_widen_only_the_gradient_bounds():
+    """Eqs. 7b to 9b add to dv, dk and dq only, and nothing for a single query block of one head and key block."""
+    spec = dataclasses.replace(SPEC, seqlen_q=40, seqlen_k=20, heads_kv=2, causal=False)
+    case = make_case(spec, "cpu")
+    result = _golden(case)
+    plain = first_order_bounds(case, result)
+    declared = first_order_bounds(case, result, PartialSums(dkv_rows=32, dq_keys=8))
+    single = first_order_bounds(case, result, PartialSums(dkv_rows=64, dq_keys=32))
+    for name in ("out", "lse"):
+        assert torch.equal(plain[name], declared[name])
+    for name in ("dq", "dk", "dv"):
+        assert (declared[name] >= plain[name]).all() and (declared[name] > plain[name]).any()
+        assert torch.equal(single[name], plain[name])

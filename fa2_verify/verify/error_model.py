@@ -95,8 +95,9 @@ def flush_unit(dtype: torch.dtype) -> float:
     return torch.finfo(torch.float32).smallest_normal
 
 
-def _is_size(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+def _is_count(value: Any, least: int) -> bool:
+    """``value`` is an int (not a bool) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
 def _size_by_seqlen_q(value: Any, seqlen_q: int) -> int | None:
@@ -105,13 +106,18 @@ def _size_by_seqlen_q(value: Any, seqlen_q: int) -> int | None:
     None if ``value`` is neither (a positive int; pairs with increasing
     ``from_seqlen_q``, the first 0).
     """
-    if _is_size(value):
+    if _is_count(value, 1):
         return value
-    pairs = value if isinstance(value, (list, tuple)) and value else [None]
-    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 and all(map(_is_size, (pair[0] + 1, pair[1])))
-               for pair in pairs) or pairs[0][0] != 0 or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
+    if not isinstance(value, (list, tuple)) or not value:
         return None
-    return [size for start, size in pairs if start <= seqlen_q][-1]
+    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value):
+        return None
+    starts = [start for start, _ in value]
+    if not all(_is_count(start, 0) and _is_count(size, 1) for start, size in value):
+        return None
+    if starts[0] != 0 or any(a >= b for a, b in zip(starts, starts[1:])):
+        return None
+    return [size for start, size in value if start <= seqlen_q][-1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,16 +144,22 @@ class PartialSums:
     def of(cls, config: Mapping[str, Any], device: torch.device | str, seqlen_q: int) -> "PartialSums":
         """The partial sums a kernel's ``config()`` declares for ``device``'s type at ``seqlen_q`` (none: FA2's)."""
         declared = config.get(cls.CONFIG_KEY, {})
-        blocks = declared.get(torch.device(device).type, {}) if isinstance(declared, Mapping) else None
         fields = {field.name for field in dataclasses.fields(cls)}
-        sizes = {name: _size_by_seqlen_q(value, seqlen_q) for name, value in dict(blocks or {}).items()}
-        if not isinstance(blocks, Mapping) or set(blocks) - fields or None in sizes.values():
+        valid = isinstance(declared, Mapping) and all(
+            device_type in ("cpu", "cuda")
+            and isinstance(blocks, Mapping)
+            and set(blocks) <= fields
+            and all(_size_by_seqlen_q(size, 0) is not None for size in blocks.values())
+            for device_type, blocks in declared.items()
+        )
+        if not valid:
             raise KernelLoadError(
-                f"config()[{cls.CONFIG_KEY!r}]={declared!r} is not a mapping of device type to "
+                f"config()[{cls.CONFIG_KEY!r}]={declared!r} is not a mapping of device type (cpu, cuda) to "
                 "{'dkv_rows': size, 'dq_keys': size}, each size a positive int or a list of "
                 "[from_seqlen_q, size] pairs from 0 in increasing order"
             )
-        return cls(**sizes)
+        blocks = declared.get(torch.device(device).type, {})
+        return cls(**{name: _size_by_seqlen_q(size, seqlen_q) for name, size in blocks.items()})
 
 
 def _gamma(n: torch.Tensor | float, unit: float) -> torch.Tensor:
