@@ -373,10 +373,10 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
 
     # the query heads of one kv head share its keys: a block holds all of them
     blocks = _blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
+    query_partials = None
     for b in range(batch):
         for g in range(heads_kv):
             heads = slice(g * group, (g + 1) * group)
-            query_partials = None
             if backward and partials.dkv_rows is not None:
                 query_partials = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last)
             for rows, keys in blocks:
@@ -484,11 +484,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         seen_key = (n_key > 0).to(torch.float64)
         eta_group = eta + (group if group > 1 else 0) * eta * seen_key
         bounds["dq"] = bound_dq
-        # (7b), (9b): eta for each intermediate rounding of the partial sums
-        partial_roundings = 0.0
-        if partials.dkv_rows is not None:
-            partial_roundings = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last).roundings()
-            partial_roundings = partial_roundings[None, :, None, None]
+        # (7b), (9b): eta for each intermediate rounding of the partial sums (the same count for every kv head)
+        partial_roundings = 0.0 if query_partials is None else query_partials.roundings()[None, :, None, None]
         # (7)
         bounds["dv"] = (
             dv_error
