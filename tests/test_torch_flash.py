@@ -85,6 +85,17 @@ def test_cpu_16_bit_backward_passes_the_check_given_a_float32_lse(shape, mask, d
     assert result.passed, failures(result)
 
 
+@pytest.mark.parametrize(
+    "shape, mask",
+    [((1, 40, 1100, 2, 1, 16), MASKS["none"]), ((1, 200, 300, 2, 2, 16), MASKS["causal"])],
+    ids=["dq-in-512-key-blocks", "dkv-in-64-row-blocks"],
+)
+def test_cpu_16_bit_backward_passes_the_check_in_its_larger_blocks(shape, mask) -> None:
+    """Past 512 keys dq is rounded between key blocks (eq. 8b); from seqlen_q 192 PyTorch takes 64-row blocks."""
+    result = checked("torch-flash-float32-lse", _Float32Lse(), grid_spec(shape, torch.float16, mask))
+    assert result.passed, failures(result)
+
+
 class _Float32LseUndeclared(_Float32Lse):
     """:class:`_Float32Lse` without ``config()["partial_sums"]``: checked as a FlashAttention-2 kernel."""
 
