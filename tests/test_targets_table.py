@@ -39,3 +39,11 @@ def test_a_property_one_run_lacks_is_not_run(tmp_path):
     rows = targets_table.table([first, second]).splitlines()
     assert rows[0] == "| property | a-ci-0 | b-ci-0 |"
     assert "| `test_out_within_error_model` | pass | not run |" in rows
+
+
+def test_nameless_cases_of_a_stopped_run_are_not_properties(tmp_path):
+    """A run stopped by its time limit writes nameless test cases; they get no row."""
+    junit = tmp_path / "properties-a-ci-0.xml"
+    junit.write_text(JUNIT.replace("</testsuite>", '<testcase time="0.001" /></testsuite>'))
+    assert "" not in targets_table.outcomes(junit)
+    assert "| `` |" not in targets_table.table([junit])
