@@ -15,7 +15,7 @@ import re
 import sys
 import xml.etree.ElementTree as ElementTree
 
-_REPRO = re.compile(r"fa2-verify repro --kernel \S+ --case '[^']*'")
+_REPRO = re.compile(r"fa2-verify repro --kernel \S+ (?:--device \S+ )?--case '[^']*'")
 
 
 def outcomes(junit: pathlib.Path) -> dict[str, str]:

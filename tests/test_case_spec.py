@@ -128,3 +128,11 @@ def test_numpy_numbers_are_taken_as_python_numbers():
     assert (spec.batch, spec.seed, spec.window_size, spec.softmax_scale) == (2, 7, (3, -1), 0.5)
     assert all(type(value) in (int, float) for value in (spec.batch, spec.seed, *spec.window_size, spec.softmax_scale))
     json.dumps(spec.to_dict())
+
+
+def test_the_reproduction_names_the_device_type_it_failed_on():
+    """A failure on ``cuda:1`` reproduces with ``--device cuda`` (repro takes a device type); no device, no flag."""
+    spec = CaseSpec(batch=1, seqlen_q=2, seqlen_k=3, heads_q=1, heads_kv=1, head_dim=8, dtype="float16")
+    case = json.dumps(spec.to_dict(), sort_keys=True)
+    assert spec.reproduction("triton", "cuda:1") == f"fa2-verify repro --kernel triton --device cuda --case '{case}'"
+    assert spec.reproduction("triton") == f"fa2-verify repro --kernel triton --case '{case}'"

@@ -232,7 +232,7 @@ def test_describe_failure_names_output_path_count_worst_threshold_and_reproducti
     assert "worst: dq[b=1, i=7, h=3, c=12]: actual=0.5 expected=0" in message
     assert "normalized error 500 (threshold 1)" in message
     assert '"name": "demo"' in message
-    assert "reproduce: fa2-verify repro --kernel mykernel --case '{" in message
+    assert "reproduce: fa2-verify repro --kernel mykernel --device cpu --case '{" in message
 
 
 def test_describe_failure_of_an_errored_case_gives_the_reason():

@@ -74,7 +74,7 @@ def test_ci_profile_catches_every_mutant(name, golden_options):
         if result.caught:
             break
     assert result.caught, f"mutant {name} passed every property of the ci profile"
-    assert f"reproduce: fa2-verify repro --kernel tests.mutants:{name} --case" in result.message
+    assert f"reproduce: fa2-verify repro --kernel tests.mutants:{name} --device cpu --case" in result.message
 
 
 def test_every_mutant_names_the_property_searched_first():

@@ -107,7 +107,7 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
             "unsupported: 3 property test(s): forward_only:KERNEL lacks the capability 'backward'",
             "unsupported: 1 property test(s): forward_only:KERNEL lacks the capability 'varlen'",
             f"worst lse in test_lse_within_error_model: * over {budget} examples",
-            "    fa2-verify repro --kernel forward_only:KERNEL --case *",
+            "    fa2-verify repro --kernel forward_only:KERNEL --device cpu --case *",
             f"worst out in test_out_within_error_model: * over {budget} examples",
             "SKIPPED [[]3[]] *: unsupported: forward_only:KERNEL lacks the capability 'backward'",
         ]
@@ -156,7 +156,7 @@ def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
     result.stdout.fnmatch_lines(
         [
             "*lse (float32) mismatches the golden in 1 of 1 elements*",
-            "*reproduce: fa2-verify repro --kernel tests.mutants:LSE_BASE2 --case '{*\"seqlen_k\": 1, \"seqlen_q\": 1*}'",
+            "*reproduce: fa2-verify repro --kernel tests.mutants:LSE_BASE2 --device cpu --case '{*\"seqlen_k\": 1, \"seqlen_q\": 1*}'",
             "*@reproduce_failure(*",
         ]
     )

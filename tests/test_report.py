@@ -72,7 +72,7 @@ def test_report_lists_failures_with_reproduction_unsupported_and_environment(run
     assert set(failures) == {"c", "e"}
     assert failures["c"]["outputs"] == ["dq"]
     assert "dq[" in failures["c"]["message"] and "mismatches the golden" in failures["c"]["message"]
-    assert failures["c"]["reproduction"] == run.cases[2].spec.reproduction("synthetic")
+    assert failures["c"]["reproduction"] == run.cases[2].spec.reproduction("synthetic", run.cases[2].device)
     assert "boom" in failures["e"]["message"]
     assert report["unsupported"] == [{"reason": "dtype=bfloat16 is not supported on cpu", "cases": ["d"]}]
     assert len(report["cases"]) == 5

@@ -47,3 +47,10 @@ def test_nameless_cases_of_a_stopped_run_are_not_properties(tmp_path):
     junit.write_text(JUNIT.replace("</testsuite>", '<testcase time="0.001" /></testsuite>'))
     assert "" not in targets_table.outcomes(junit)
     assert "| `` |" not in targets_table.table([junit])
+
+
+def test_a_reproduction_that_names_its_device_is_kept_whole(tmp_path):
+    junit = tmp_path / "properties-a-ci-0.xml"
+    junit.write_text(JUNIT.replace("repro --kernel sdpa-efficient --case", "repro --kernel sdpa-efficient --device cuda --case"))
+    cell = targets_table.outcomes(junit)["test_dk_within_error_model"]
+    assert "`fa2-verify repro --kernel sdpa-efficient --device cuda --case '{\"batch\": 2}'`" in cell

@@ -111,9 +111,10 @@ class CaseSpec:
             raise UsageError(f"case spec lacks the required fields {missing}")
         return cls(**record)
 
-    def reproduction(self, kernel: str = "KERNEL") -> str:
-        """One line that re-runs exactly this case."""
-        return f"fa2-verify repro --kernel {kernel} --case '{json.dumps(self.to_dict(), sort_keys=True)}'"
+    def reproduction(self, kernel: str = "KERNEL", device: str | None = None) -> str:
+        """One line that re-runs exactly this case, on ``device``'s type (``cuda:1`` -> ``--device cuda``) if given."""
+        where = f" --device {device.split(':')[0]}" if device is not None else ""
+        return f"fa2-verify repro --kernel {kernel}{where} --case '{json.dumps(self.to_dict(), sort_keys=True)}'"
 
 
 #: Largest seed + 1: ``torch.Generator.manual_seed`` takes a 64-bit unsigned seed.

@@ -99,7 +99,7 @@ class Suite:
         worst.examples += 1
         if score > worst.score:
             worst.score = score
-            worst.reproduction = spec.reproduction(self.kernel.name)
+            worst.reproduction = spec.reproduction(self.kernel.name, self.device)
 
     def running(self, spec: CaseSpec) -> None:
         """Announce ``spec`` as the case this process runs now, before any kernel call of the example.
@@ -112,7 +112,7 @@ class Suite:
         if isinstance(spec, VarlenSpec):
             reproduction = f"varlen case {spec.describe()}"
         else:
-            reproduction = f"{spec.reproduction(self.kernel.name)} --device {self.device}"
+            reproduction = spec.reproduction(self.kernel.name, self.device)
         self.inflight.begin(
             kernel=self.kernel.name, device=self.device, test=self.test, case=spec.to_dict(), reproduction=reproduction
         )

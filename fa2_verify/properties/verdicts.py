@@ -50,7 +50,7 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
     A case larger than the memory free (:func:`verify.memory.require_fits`)
     is declined before anything is allocated, counted as unsupported with the estimate.
     """
-    note(f"reproduce: {spec.reproduction(suite.kernel.name)}")
+    note(f"reproduce: {spec.reproduction(suite.kernel.name, suite.device)}")
     suite.running(spec)
     try:
         require_fits(spec, suite.device, suite.golden_options)

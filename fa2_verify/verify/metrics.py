@@ -558,5 +558,5 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
             + " (docs/error-model.md)"
         )
     lines.append(f"  case: {json.dumps(spec.to_dict(), sort_keys=True)}")
-    lines.append(f"  reproduce: {spec.reproduction(result.kernel)}")
+    lines.append(f"  reproduce: {spec.reproduction(result.kernel, result.device)}")
     return "\n".join(lines)

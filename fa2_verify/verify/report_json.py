@@ -148,7 +148,7 @@ def failure_records(kernel: str, cases: Iterable[CaseResult]) -> list[dict[str, 
                 "status": case.status,
                 "outputs": outputs,
                 "message": message,
-                "reproduction": case.spec.reproduction(kernel),
+                "reproduction": case.spec.reproduction(kernel, case.device),
                 "spec": case.spec.to_dict(),
             }
         )
