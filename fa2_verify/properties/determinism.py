@@ -61,46 +61,47 @@ def dq_spread_bound(case: Case, golden: Any, dq_runs: list[torch.Tensor], *, blo
 
     ``golden`` provides ``out`` (float64, the exact O); ``dq_runs`` are the
     kernel's dq from repeated calls, used only for the final ulp term.  ``M``
-    is computed in blocks of query rows over the visible range of each row
-    (:func:`core.contract.visible_ranges`), query heads grouped over their
-    shared key head, so memory stays bounded at any sequence length.
+    and the bound are computed in blocks of query rows over the visible range
+    of each row (:func:`core.contract.visible_ranges`), query heads grouped
+    over their shared key head: besides the bound, only float64 copies of K
+    and V are whole, so memory stays bounded at any sequence length.
     """
     spec = case.spec
     dtype = spec.torch_dtype
     device = case.q.device
     batch, heads_kv, group = spec.batch, spec.heads_kv, spec.heads_q // spec.heads_kv
-    q, k, v, dout = (t.detach().to(device, torch.float64) for t in (case.q, case.k, case.v, case.dout))
-    out = golden.out.to(device, torch.float64)
-    keys, values = k.abs(), v.abs()
+    k, values = (t.detach().to(device, torch.float64) for t in (case.k, case.v))
+    keys, values = k.abs(), values.abs()
     first, last = visible_ranges(
         spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size, device=device
     )
-    magnitude = torch.empty_like(q)
+    visible_keys = (last - first + 1).clamp_min(0).to(torch.float64)
+    terms = (key_blocks(visible_keys, block_k) - 1).clamp_min(0) * accumulation_unit(dtype)
+    factor = (2 * terms / (1 - terms) * MAGNITUDE_SLACK).view(1, -1, 1, 1)
+    bound = torch.empty(case.q.shape, dtype=torch.float64, device=device)
     rows = max(1, BLOCK_ELEMENTS[device.type] // (batch * spec.heads_q * max(spec.seqlen_k, 1)))
     key_index = torch.arange(spec.seqlen_k, device=device)
     for start in range(0, spec.seqlen_q, rows):
         block = slice(start, min(start + rows, spec.seqlen_q))
+        q, dout, out = (t[:, block].detach().to(device, torch.float64) for t in (case.q, case.dout, golden.out))
         grouped = (batch, -1, heads_kv, group, spec.head_dim)
         visible = (key_index >= first[block, None]) & (key_index <= last[block, None])
-        logits = spec.scale * torch.einsum("bihgc,bjhc->bhgij", q[:, block].reshape(grouped), k)
+        logits = spec.scale * torch.einsum("bihgc,bjhc->bhgij", q.reshape(grouped), k)
         logits = logits.masked_fill(~visible, -math.inf)
         row_max = logits.amax(dim=-1, keepdim=True).clamp_min(-1e300)
         weights = torch.exp(logits - row_max)
         p = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)
-        dout_abs = dout[:, block].abs()
+        dout_abs = dout.abs()
         dp_magnitude = torch.einsum("bihgc,bjhc->bhgij", dout_abs.reshape(grouped), values)
-        d_magnitude = (dout_abs * out[:, block].abs()).sum(dim=-1).reshape(batch, -1, heads_kv, group)
+        d_magnitude = (dout_abs * out.abs()).sum(dim=-1).reshape(batch, -1, heads_kv, group)
         p = p * (dp_magnitude + d_magnitude.permute(0, 2, 3, 1).unsqueeze(-1))
-        magnitude[:, block] = spec.scale * torch.einsum("bhgij,bjhc->bihgc", p, keys).reshape(q[:, block].shape)
-    visible_keys = (last - first + 1).clamp_min(0).to(torch.float64)
-    blocks = key_blocks(visible_keys, block_k).view(1, -1, 1, 1)
-    terms = (blocks - 1).clamp_min(0) * accumulation_unit(dtype)
-    bound = 2 * terms / (1 - terms) * MAGNITUDE_SLACK * magnitude + underflow_unit(dtype)
-    if torch.finfo(dtype).bits == 16:
-        largest = torch.zeros_like(bound)
-        for run in dq_runs:
-            largest = torch.maximum(largest, run.detach().to(device, torch.float64).abs())
-        bound = bound + ulp(largest, dtype)
+        magnitude = spec.scale * torch.einsum("bhgij,bjhc->bihgc", p, keys).reshape(q.shape)
+        bound[:, block] = factor[:, block] * magnitude + underflow_unit(dtype)
+        if torch.finfo(dtype).bits == 16:
+            largest = torch.zeros_like(magnitude)
+            for run in dq_runs:
+                largest = torch.maximum(largest, run[:, block].detach().to(device, torch.float64).abs())
+            bound[:, block] += ulp(largest, dtype)
     return bound
 
 
