@@ -26,7 +26,7 @@ from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
 from fa2_verify.core.case import Case, CaseSpec
-from fa2_verify.verify.check import golden_for
+from fa2_verify.verify.check import bounds_for, golden_for
 from fa2_verify.core.errors import CaseTooLarge, UnsupportedCase
 from fa2_verify.verify.kernel_call import KernelFailure
 from fa2_verify.verify.memory import require_fits
@@ -78,8 +78,7 @@ def golden_of(suite: Suite, case: Case) -> Any:
 
 def bounds_of(suite: Suite, case: Case) -> dict[str, torch.Tensor]:
     """First-order bounds for ``case`` (docs/error-model.md), from the golden."""
-    partials = error_model.PartialSums.of(suite.kernel.config(), case.q.device, case.spec.seqlen_q)
-    return error_model.first_order_bounds(case, golden_of(suite, case), partials)
+    return bounds_for(suite.kernel, case, golden_of(suite, case))
 
 
 def call_kernel(suite: Suite, spec: CaseSpec, label: str, *cases: Case, backward: bool | None = None) -> list[Outputs]:

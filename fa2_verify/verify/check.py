@@ -62,6 +62,13 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
     )
 
 
+def bounds_for(kernel: LoadedKernel, case: Case, golden: Any) -> dict[str, torch.Tensor]:
+    """The error model's per-element bounds for ``kernel`` on ``case`` (docs/error-model.md), with the partial
+    sums the kernel declares in ``config()`` (eqs. 7b to 9b)."""
+    partials = error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
+    return error_model.first_order_bounds(case, golden, partials)
+
+
 def _compared(
     kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden_options: Any, seconds: dict[str, float]
 ) -> CaseResult:
@@ -74,8 +81,7 @@ def _compared(
     golden = golden_for(case, golden_options)
     seconds["golden"] = time.perf_counter() - started
     started = time.perf_counter()
-    partials = error_model.PartialSums.of(kernel.config(), case.q.device, spec.seqlen_q)
-    bounds = error_model.first_order_bounds(case, golden, partials)
+    bounds = bounds_for(kernel, case, golden)
     naive = lowprec.naive_attention(case) if lowprec.fits(spec) else {}
     comparisons = {
         name: metrics.compare(
