@@ -438,8 +438,9 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                     d_rows = (dout_rows * out[b, rows, heads].transpose(0, 1)).sum(-1)
                 else:
                     d_rows = delta[b, heads, rows]
-                ds = p * (dp - d_rows[..., None])
-                centered = (dp - d_rows[..., None]).abs()
+                dp_minus_d = dp - d_rows[..., None]
+                ds = p * dp_minus_d
+                centered = dp_minus_d.abs()
                 ds_abs = ds.abs()
                 # (6)
                 b_ds = (
