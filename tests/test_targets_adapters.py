@@ -20,7 +20,7 @@ import torch
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities, visible_mask
-from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_ops
+from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_cudnn, sdpa_ops
 from fa2_verify.kernels.flash_attn_4 import fa4_window
 from fa2_verify.verify.check import check_case
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
@@ -74,6 +74,17 @@ def test_sdpa_lse_is_trimmed_to_the_contract_shape():
     padded = torch.arange(2 * 3 * 32, dtype=torch.float32).reshape(2, 3, 32)
     assert torch.equal(sdpa_ops.trimmed_lse(padded, 2, 3, 17), padded[:, :, :17])
     assert torch.equal(sdpa_ops.trimmed_lse(padded[..., None], 2, 3, 17), padded[:, :, :17])
+
+
+def test_sdpa_backward_limit_is_an_unsupported_case_before_the_op_runs():
+    """The cuDNN target's one-query-one-key limit: the backward raises UnsupportedCase; other lengths run."""
+    limited = sdpa_ops.SdpaTarget("limited", _cpu_flash, CPU, lambda: None, dict, sdpa_cudnn._backward_limit)
+    one = make_case(_spec(seqlen_q=1, seqlen_k=1, heads_q=2, heads_kv=2))
+    result = check_case(LoadedKernel("limited", limited), one)
+    assert result.status == "unsupported" and "s_q = s_kv = 1" in result.reason
+    assert sdpa_cudnn._backward_limit(1, 2) is None and sdpa_cudnn._backward_limit(2, 1) is None
+    two_keys = make_case(_spec(seqlen_q=1, seqlen_k=2, heads_q=2, heads_kv=2))
+    assert check_case(LoadedKernel("limited", limited), two_keys).status == "passed"
 
 
 @pytest.fixture

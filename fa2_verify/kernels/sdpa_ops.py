@@ -106,7 +106,8 @@ def sdpa_backward(op: SdpaOp, dout, q, k, v, *, softmax_scale: float, causal: bo
 
 class SdpaTarget:
     """A fused SDPA op as a kernel target: ``name``, the BHSD ``op``, honest ``capabilities``,
-    ``why_unavailable()`` (None where it runs) and ``describe()`` (what a run records)."""
+    ``why_unavailable()`` (None where it runs), ``describe()`` (what a run records) and
+    ``backward_limit(seqlen_q, seqlen_k)``: why the op's backward refuses those lengths, or None."""
 
     def __init__(
         self,
@@ -115,12 +116,14 @@ class SdpaTarget:
         capabilities: Capabilities,
         why_unavailable: Callable[[], str | None],
         describe: Callable[[], dict[str, Any]],
+        backward_limit: Callable[[int, int], str | None] = lambda seqlen_q, seqlen_k: None,
     ) -> None:
         self.name = name
         self.op = op
         self.capabilities = capabilities
         self._why_unavailable = why_unavailable
         self._describe = describe
+        self._backward_limit = backward_limit
 
     def unavailable_reason(self) -> str | None:
         return self._why_unavailable()
@@ -141,4 +144,7 @@ class SdpaTarget:
     def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
                  deterministic=False):  # fmt: skip
         self._require_available()
+        limit = self._backward_limit(q.shape[1], k.shape[1])
+        if limit is not None:
+            raise UnsupportedCase(f"{self.name}: {limit}")
         return sdpa_backward(self.op, dout, q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
