@@ -3,9 +3,10 @@
 Each is the reference kernel (``kernels.reference.DEFERRED``) with one
 documented deviation; the property declarations name them as their
 ``breaker`` (``tests.breakers:NAME``), and ``tests/test_mutants_caught.py``
-checks that each property catches its breaker.  :data:`RANDOM_ORDER_DQ` and
-:data:`VARLEN_BY_LOOP` are correct kernels: the positive controls of the dQ
-spread bound and of the varlen property.
+checks that each property catches its breaker.  :data:`RANDOM_ORDER_DQ`,
+:data:`GQA_RANDOM_ORDER_DK_DV` and :data:`VARLEN_BY_LOOP` are correct kernels:
+the positive controls of the dQ spread bound, of the declared GQA dK/dV
+order, and of the varlen property.
 """
 
 from __future__ import annotations
@@ -169,6 +170,29 @@ class RandomOrderDq(_Broken):
         return accumulator.to(dq.dtype), dk, dv
 
 
+class GqaRandomOrderDkDv(_Broken):
+    """A correct GQA backward in FlashAttention-4's manner: each query head's dK_h, dV_h in float32,
+    summed over the group in a fresh random order on every call (as atomic adds land); it declares
+    ``gqa_dkv_reproducible=False``."""
+
+    capabilities = dataclasses.replace(DEFERRED.capabilities, gqa_dkv_reproducible=False)
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        group = q.shape[2] // k.shape[2]
+        dq, dk, dv = DEFERRED.backward(
+            dout, q, *(t.repeat_interleave(group, dim=2) for t in (k, v)), out, lse,
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+        )  # fmt: skip
+        def summed(per_head: torch.Tensor) -> torch.Tensor:
+            heads = per_head.float().unflatten(2, (k.shape[2], group))
+            total = torch.zeros_like(heads[:, :, :, 0])
+            for member in torch.randperm(group).tolist():
+                total += heads[:, :, :, member]
+            return total.to(k.dtype)
+
+        return dq, summed(dk), summed(dv)
+
+
 FIRST_KEY_LEAK = FirstKeyLeak()
 LEVEL_DEPENDENT_OUT = LevelDependentOut()
 BATCH_LEAK = BatchLeak()
@@ -180,3 +204,4 @@ NOISY_DQ = NoisyDq()
 VARLEN_OVERRUN = VarlenByLoop(overrun=1)
 VARLEN_BY_LOOP = VarlenByLoop()
 RANDOM_ORDER_DQ = RandomOrderDq()
+GQA_RANDOM_ORDER_DK_DV = GqaRandomOrderDkDv()

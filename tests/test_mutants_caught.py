@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import settings
 
@@ -149,6 +151,18 @@ def test_dq_spread_bound_admits_atomic_reordering(golden_options):
     assert not result.caught, result.message
     (worst,) = suite.take_observations()["worst"]
     assert 0 < worst["score"] <= 1, "random summation orders never changed dq: the positive control is vacuous"
+
+
+@pytest.mark.parametrize("reproducible", [False, True], ids=["declared", "undeclared"])
+def test_gqa_dkv_order_is_reproducible_only_where_declared(reproducible, golden_options):
+    """A backward that sums a GQA group's dK, dV in random order passes the bitwise property when it
+    declares ``gqa_dkv_reproducible=False`` (MHA cases only), and is caught when it does not declare it."""
+    target = breakers.GqaRandomOrderDkDv()
+    target.capabilities = dataclasses.replace(target.capabilities, gqa_dkv_reproducible=reproducible)
+    suite = _suite("correct:GqaRandomOrderDkDv", target, golden_options, ("float32",))
+    prop = PROPERTIES["test_dk_dv_bitwise_reproducible"]
+    result = harness.search(prop, suite, settings(harness.catch_settings(CI), max_examples=30))
+    assert result.caught == reproducible, result.message
 
 
 def test_varlen_property_passes_a_correct_varlen_kernel(golden_options):

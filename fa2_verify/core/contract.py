@@ -145,6 +145,11 @@ class Capabilities:
     ``{"q": m, "k": n}``, stored as ``(m, n)``), ``equal_seqlens``
     (``seqlen_q == seqlen_k`` only), ``min_seqlen`` and ``max_seqlen`` (``None``:
     unbounded) on both sides.
+    ``gqa_dkv_reproducible=False`` declares a backward that sums dK and dV of
+    a GQA/MQA group over its query heads in an unspecified order (float32
+    atomics into one accumulator, as FlashAttention-3 and -4 do), so in the
+    default mode they are bitwise reproducible for MHA only; the
+    reproducibility property then draws MHA cases (docs/properties.md).
     ``notes`` are human-readable restrictions shown by ``fa2-verify kernels``.
 
     A user may write the same fields as a plain mapping
@@ -160,6 +165,7 @@ class Capabilities:
     gqa: bool = True
     backward: bool = True
     deterministic_backward: bool = False
+    gqa_dkv_reproducible: bool = True
     varlen: bool = False
     lse: bool = True
     seqlen_multiple_of: int | tuple[int, int] | Mapping[str, int] = 1
@@ -188,7 +194,9 @@ class Capabilities:
             for device, dims in self.device_head_dims.items()
         }
         object.__setattr__(self, "device_head_dims", device_head_dims)
-        for flag in ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen", "lse", "equal_seqlens"):
+        flags = ("causal", "window", "gqa", "backward", "deterministic_backward", "gqa_dkv_reproducible", "varlen", "lse",
+                 "equal_seqlens")
+        for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "use true or false")
         if isinstance(self.notes, str) or not all(isinstance(note, str) for note in self.notes):
@@ -335,6 +343,7 @@ class Capabilities:
             "gqa": self.gqa,
             "backward": self.backward,
             "deterministic_backward": self.deterministic_backward,
+            "gqa_dkv_reproducible": self.gqa_dkv_reproducible,
             "varlen": self.varlen,
             "lse": self.lse,
             "seqlen_multiple_of": {"q": self.seqlen_multiple_of[0], "k": self.seqlen_multiple_of[1]},

@@ -68,7 +68,10 @@ class FlashAttn4:
     capabilities = Capabilities(
         dtypes={"cuda": ("float16", "bfloat16")},
         head_dims=HEAD_DIMS,
+        gqa_dkv_reproducible=False,
         notes=(
+            "GQA/MQA dK, dV are summed over the group's query heads in a float32 accumulator in arbitrary order "
+            "(its dKV postprocess), so they are bitwise reproducible for MHA only",
             "needs flash-attn-4 with nvidia-cutlass-dsl and an sm90+ GPU (CuTe DSL kernels, compiled on first use)",
             "deterministic=True exists in its API but is not declared until it has run on a GPU",
             "varlen (flash_attn_varlen_func) is not adapted yet",
