@@ -133,7 +133,9 @@ def run_pass(args: argparse.Namespace, out: pathlib.Path, name: str) -> dict:
     print(f"== {name} pass: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
     with (folder / "pytest.log").open("w", encoding="utf-8") as log:
-        status = subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        # In the pass's folder: `python -m` puts the working directory first on sys.path (the workers inherit it),
+        # where the repository's own fa2_verify would shadow --package-root's.
+        status = subprocess.run(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
     wall = time.perf_counter() - started
     tail = (folder / "pytest.log").read_text(encoding="utf-8", errors="replace").splitlines()[-3:]
     print("\n".join(f"   {line}" for line in tail), flush=True)

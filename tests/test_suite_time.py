@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -194,21 +195,25 @@ def test_the_cold_pass_refuses_a_given_cache_that_is_not_empty_and_empties_its_o
 
 
 @pytest.mark.slow
-def test_a_pass_records_each_phase_under_the_property_that_spent_it(tmp_path):
-    """The reference kernel on the CPU, one property, no xdist: kernel, golden and comparison time are recorded."""
+def test_a_pass_records_each_phase_under_the_property_that_spent_it_in_the_package_root_given(tmp_path):
+    """The reference kernel on the CPU, one property, no xdist, a copy of the package as --package-root:
+    that copy runs, and its kernel, golden, comparison and inputs time are recorded under the property."""
+    root = tmp_path / "before"
+    shutil.copytree(REPO / "fa2_verify", root / "fa2_verify", ignore=shutil.ignore_patterns("__pycache__"))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
     command = [sys.executable, str(REPO / "benchmarks" / "suite_time.py"), "--kernel", "reference", "--device", "cpu",
-               "--profile", "dev", "--workers", "0", "--passes", "warm", "--out", str(tmp_path),
-               "--", "-k", "test_out_within_error_model"]  # fmt: skip
-    completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+               "--profile", "dev", "--workers", "0", "--passes", "warm", "--package-root", str(root),
+               "--out", str(out), "--", "-k", "test_out_within_error_model"]  # fmt: skip
+    completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert completed.returncode == 0, completed.stdout + completed.stderr
-    times = json.loads((tmp_path / "times.json").read_text())
+    times = json.loads((out / "times.json").read_text())
     (warm,) = times["passes"]
     (row,) = warm["tests"]
     assert row["test"].endswith("::test_out_within_error_model") and row["outcome"] == "passed"
     assert row["examples"] > 0
     assert all(row["phases"][phase] > 0 for phase in ("kernel", "golden", "comparison", "inputs"))
-    assert warm["packages"] == [str(REPO / "fa2_verify")]
+    assert warm["packages"] == [str(root / "fa2_verify")]
     assert all(target.startswith("triton") for target in warm["missing"])  # Triton's only where it is absent
-    assert "test_out_within_error_model" in (tmp_path / "table.md").read_text()
+    assert "test_out_within_error_model" in (out / "table.md").read_text()
     assert completed.stdout.rstrip().splitlines()[-1].startswith("warm: ")
