@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "before-after.md").write_text(text, encoding="utf-8")
         hello = {name: side.hello for name, side in sides.items()}
-        (out / "before-after.json").write_text(json.dumps({"sides": hello, "replies": replies, **summary}, indent=1),
+        (out / "before-after.json").write_text(json.dumps({"processes": hello, "replies": replies, **summary}, indent=1),
                                                encoding="utf-8")  # fmt: skip
     return 0 if met(summary) else 1
 

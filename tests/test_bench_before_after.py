@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -79,3 +80,44 @@ def test_bad_options_are_one_line_errors(argv, message, capsys, monkeypatch):
     monkeypatch.chdir(bba.REPO)
     assert bba.main(argv) == 2
     assert capsys.readouterr().err == f"bench_before_after.py: error: {message}\n"
+
+
+#: Stands in for benchmarks/bench_side.py where there is no GPU: the same protocol, a ratio per side
+#: (1.0 for the package root named "before", else 1.4; 0.1 less with the backward); each row it times
+#: appends its side's name to $FAKE_SIDE_LOG.
+FAKE_SIDE = """
+import json, os, sys
+root = os.environ["PYTHONPATH"].split(os.pathsep)[0]
+name = "before" if os.path.basename(root) == "before" else "after"
+ratio = 1.0 if name == "before" else 1.4
+print(json.dumps({"package": root}), flush=True)
+for line in sys.stdin:
+    row = json.loads(line)
+    with open(os.environ["FAKE_SIDE_LOG"], "a") as log:
+        log.write(name + "\\n")
+    value = ratio if row["mode"] == "fwd" else ratio - 0.1
+    print(json.dumps({"ms_triton": 1.0, "ms_sdpa": value, "ratio": value}), flush=True)
+"""
+
+
+def test_both_sides_run_in_their_own_processes_with_their_own_package_first(tmp_path, monkeypatch, capsys):
+    before = tmp_path / "before"
+    (before / "fa2_verify").mkdir(parents=True)
+    (before / "fa2_verify" / "__init__.py").write_text("")
+    side = tmp_path / "side.py"
+    side.write_text(FAKE_SIDE)
+    monkeypatch.setattr(bba, "SIDE", side)
+    monkeypatch.setattr(bba, "require_cuda", lambda: None)
+    monkeypatch.setenv("FAKE_SIDE_LOG", str(tmp_path / "turns.log"))
+    out = tmp_path / "out"
+    assert bba.main(["--before", str(before), "--seqlens", "1024", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "before-after.json").read_text())
+    assert report["processes"] == {"before": {"package": str(before)}, "after": {"package": str(bba.REPO)}}
+    assert len(report["rows"]) == 16 and all(len(replies) == 2 for replies in report["replies"]["after"])
+    assert report["rows"][0]["before"] == 1.0 and report["rows"][0]["after"] == 1.4
+    assert report["sides"]["after"]["fwd"]["geomean_ok"] and not report["sides"]["before"]["fwd"]["geomean_ok"]
+    text = capsys.readouterr().out
+    assert "after  fwd+bwd: geometric mean 1.300 (target >= 1.16: met)" in text
+    assert (out / "before-after.md").read_text() in text
+    turns = (tmp_path / "turns.log").read_text().split()
+    assert turns[:6] == ["before", "after", "after", "before", "before", "after"] and len(turns) == 2 * 16 * 2
