@@ -37,6 +37,7 @@ import sys
 if __package__ in (None, ""):  # run as a script: the repository root, so that fa2_verify and benchmarks import
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
+from fa2_verify.bench.timing import BENCH_ROWS, BenchRow  # noqa: E402
 from fa2_verify.core.errors import DeviceUnavailable, Fa2VerifyError, UsageError  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -126,7 +127,8 @@ def _show(reply: dict) -> str:
 
 
 def label(row: dict) -> str:
-    return f"{row['mode']:<7} {'causal' if row['causal'] else 'full':<6} d={row['head_dim']:<3} s={row['seqlen']:<5} {row['dtype']}"
+    """The benchmark's own label of a row (:meth:`bench.timing.BenchRow.label`)."""
+    return BenchRow(**row).label()
 
 
 def median_ratio(replies: list[dict]) -> float | None:
@@ -188,8 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse(sys.argv[1:] if argv is None else argv)
         require_cuda()
-        from fa2_verify.bench.timing import BENCH_ROWS
-
         rows = [dataclasses.asdict(row) for row in BENCH_ROWS
                 if row.mode in args.modes and (args.seqlens is None or row.seqlen in args.seqlens)]  # fmt: skip
         if not rows:
@@ -213,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "before-after.md").write_text(text, encoding="utf-8")
         hello = {name: side.hello for name, side in sides.items()}
-        (out / "before-after.json").write_text(json.dumps({"processes": hello, "replies": replies, **summary}, indent=1),
-                                               encoding="utf-8")  # fmt: skip
+        record = {"processes": hello, "replies": replies, **summary}
+        (out / "before-after.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
     return 0 if met(summary) else 1
 
 

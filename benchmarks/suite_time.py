@@ -150,8 +150,9 @@ def report(args: argparse.Namespace, passes: list[dict]) -> str:
     sections = [f"Kernel `{args.kernel}`, device `{args.device}`, profile `{args.profile}`, {args.workers} workers."]
     for result in passes:
         missing = f"; not timed (absent in this package): {', '.join(result['missing'])}" if result["missing"] else ""
+        heading = f"### {result['name']} pass: {result['wall_seconds']:.1f} s wall-clock"
         sections.append(
-            f"### {result['name']} pass: {result['wall_seconds']:.1f} s wall-clock (pytest exit {result['exit_status']})"
+            f"{heading} (pytest exit {result['exit_status']})"
             f"\n\npackage: {', '.join(result['packages'])}{missing}\n\n{suite_table.markdown(result)}"
         )
     sections.append("\n".join(

@@ -42,7 +42,8 @@ def test_targets_are_met_when_every_mode_reaches_its_mean_and_no_row_is_below_th
     text = bba.markdown(summary)
     assert "after  fwd    : geometric mean 1.315 (target >= 1.30: met), lowest row 1.310 (target >= 0.8: met)" in text
     assert "before fwd    : geometric mean 1.000 (target >= 1.30: NOT met)" in text
-    short = bba.summarize(ROWS, {"before": [_replies(1.0)] * 3, "after": [_replies(1.29), _replies(1.30), _replies(1.2)]})
+    after = [_replies(1.29), _replies(1.30), _replies(1.2)]
+    short = bba.summarize(ROWS, {"before": [_replies(1.0)] * 3, "after": after})
     assert not short["sides"]["after"]["fwd"]["geomean_ok"] and not bba.met(short)
 
 
@@ -64,7 +65,8 @@ def test_without_cuda_it_fails_with_one_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        "bench_before_after.py: error: no CUDA device: the kernel benchmark times triton against PyTorch's FA2 on a GPU\n"
+        "bench_before_after.py: error: no CUDA device: "
+        "the kernel benchmark times triton against PyTorch's FA2 on a GPU\n"
     )
 
 
