@@ -35,6 +35,7 @@ import json
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -60,6 +61,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=12, help="pytest-xdist workers, 0 for none (default 12)")
     parser.add_argument("--passes", default="cold,warm", help="comma-separated, from cold,warm (default cold,warm)")
     parser.add_argument("--triton-cache", default=None, help="Triton cache directory (default OUT/triton-cache)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="stop each pass after SECONDS (SIGINT, as ci/device-scale.sh does: the tests finished "
+                             "by then keep their records, the table says the pass was stopped)")
     parser.add_argument("--package-root", default=None, help="directory holding the fa2_verify package to time")
     parser.add_argument("--out", required=True, help="output directory (its table.md, times.json and pass folders "
                         "are replaced)")
@@ -119,6 +123,20 @@ def triton_cache(args: argparse.Namespace, out: pathlib.Path, name: str) -> path
     return cache
 
 
+def _run_limited(command: list[str], folder: pathlib.Path, env: dict, log, limit: float | None) -> tuple[int, bool]:
+    """pytest's exit status, and whether ``limit`` seconds stopped it (SIGINT, then SIGKILL 30 s later)."""
+    process = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return process.wait(timeout=limit), False
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGINT)
+        try:
+            return process.wait(timeout=30), True
+        except subprocess.TimeoutExpired:
+            process.kill()
+            return process.wait(), True
+
+
 def run_pass(args: argparse.Namespace, out: pathlib.Path, name: str) -> dict:
     """One pass of the suite: its wall-clock, pytest's exit status and the aggregated records."""
     folder = _fresh(out / name)
@@ -135,14 +153,19 @@ def run_pass(args: argparse.Namespace, out: pathlib.Path, name: str) -> dict:
     with (folder / "pytest.log").open("w", encoding="utf-8") as log:
         # In the pass's folder: `python -m` puts the working directory first on sys.path (the workers inherit it),
         # where the repository's own fa2_verify would shadow --package-root's.
-        status = subprocess.run(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        status, stopped = _run_limited(command, folder, env, log, args.time_limit)
     wall = time.perf_counter() - started
     tail = (folder / "pytest.log").read_text(encoding="utf-8", errors="replace").splitlines()[-3:]
     print("\n".join(f"   {line}" for line in tail), flush=True)
     if not records.exists():
         raise UsageError(f"{name} pass: pytest exited {status} before any test ran: see {folder / 'pytest.log'}")
-    return {"name": name, "wall_seconds": wall, "exit_status": status, "triton_cache": str(cache),
+    return {"name": name, "wall_seconds": wall, "exit_status": status, "stopped_at_limit": stopped,
+            "triton_cache": str(cache),
             **suite_table.aggregate(suite_table.read_records(records))}  # fmt: skip
+
+
+def _stopped(result: dict) -> str:
+    return ", stopped by --time-limit: the tests it had not finished are missing" if result.get("stopped_at_limit") else ""
 
 
 def report(args: argparse.Namespace, passes: list[dict]) -> str:
@@ -152,12 +175,13 @@ def report(args: argparse.Namespace, passes: list[dict]) -> str:
         missing = f"; not timed (absent in this package): {', '.join(result['missing'])}" if result["missing"] else ""
         heading = f"### {result['name']} pass: {result['wall_seconds']:.1f} s wall-clock"
         sections.append(
-            f"{heading} (pytest exit {result['exit_status']})"
+            f"{heading} (pytest exit {result['exit_status']}{_stopped(result)})"
             f"\n\npackage: {', '.join(result['packages'])}{missing}\n\n{suite_table.markdown(result)}"
         )
     sections.append("\n".join(
         f"{result['name']}: {result['wall_seconds']:.1f} s wall-clock, {len(result['tests'])} tests, "
-        f"{result['total']['examples']} examples, pytest exit {result['exit_status']}" for result in passes
+        f"{result['total']['examples']} examples, pytest exit {result['exit_status']}{_stopped(result)}"
+        for result in passes
     ))  # fmt: skip
     return "\n\n".join(sections) + "\n"
 

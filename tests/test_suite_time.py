@@ -217,3 +217,14 @@ def test_a_pass_records_each_phase_under_the_property_that_spent_it_in_the_packa
     assert all(target.startswith("triton") for target in warm["missing"])  # Triton's only where it is absent
     assert "test_out_within_error_model" in (out / "table.md").read_text()
     assert completed.stdout.rstrip().splitlines()[-1].startswith("warm: ")
+
+
+def test_time_limit_interrupts_a_pass_and_says_so(tmp_path):
+    """A pass over its --time-limit gets SIGINT (pytest then reports what finished) and is marked stopped."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    with (tmp_path / "log").open("w") as log:
+        status, stopped = suite_time._run_limited(sleeper, tmp_path, dict(os.environ), log, 0.5)
+    assert stopped and status != 0
+    with (tmp_path / "log").open("w") as log:
+        assert suite_time._run_limited([sys.executable, "-c", "pass"], tmp_path, dict(os.environ), log, 30) == (0, False)
+    assert "stopped by --time-limit" in suite_time._stopped({"stopped_at_limit": True})
