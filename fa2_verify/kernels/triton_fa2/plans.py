@@ -1,0 +1,186 @@
+"""What each launch of the Triton FA2 kernels passes: grid, runtime arguments, compile-time values.
+
+One pure function per entry point of :mod:`.kernels` turns a call (its
+:class:`~.validation.Problem`), its tensors and its tile into a
+:class:`Launch`.  :mod:`.launch` runs exactly what these return, and
+:mod:`.variants` reads from the same :class:`Launch` the compile key Triton
+derives (the constexprs plus Triton's own specialization of the other
+arguments), so the variant count, the warm-up and the real launch cannot
+disagree.  The tensors may live on the ``meta`` device: a plan reads only
+their dtypes, shapes, strides and addresses.  Importing this module imports
+no Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from fa2_verify.kernels.triton_fa2 import configs
+from fa2_verify.kernels.triton_fa2.configs import TileConfig
+from fa2_verify.kernels.triton_fa2.validation import Problem
+
+#: log2(e): the softmax scale is folded into base-2 exponents (the kernels' LOG2E).
+LOG2E = 1.4426950408889634
+
+#: Rows per program of the delta preprocess on a GPU (the interpreter uses 16).
+PREPROCESS_ROWS = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One kernel launch: ``kernels.<kernel>[grid](*args, **constexprs, **options)``."""
+
+    kernel: str
+    grid: tuple[int, int, int]
+    args: tuple[Any, ...]
+    constexprs: Mapping[str, Any]
+    options: Mapping[str, int]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def strides(tensor, varlen: bool) -> tuple[int, int, int]:
+    """(batch, sequence, head) strides in elements; a packed tensor has batch stride 0."""
+    s = tuple(tensor.stride())
+    return (0, s[0], s[1]) if varlen else (s[0], s[1], s[2])
+
+
+def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
+    if problem.varlen:
+        return 0, total_q
+    return problem.heads_q * problem.seqlen_q, problem.seqlen_q
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs multiply in true fp32 (``ieee``), not tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def tiles(problem: Problem, passes: tuple[str, ...], target: str,
+          override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
+    """The tile of each pass: the table row of ``target``, unless ``override`` names the pass."""
+    seqlen = max(problem.seqlen_q, problem.seqlen_k)
+    chosen = {name: configs.select(target, name, problem.torch_dtype, problem.block_d, seqlen) for name in passes}
+    if override:
+        chosen.update({name: tile for name, tile in override.items() if name in passes})
+    return chosen
+
+
+def use_tma(tile: TileConfig, problem: Problem, tensors: tuple, tma_capable: bool) -> bool:
+    """TMA when the tile asks for it and the hardware and layouts allow it: ``tma_capable``
+    (a Hopper-or-later GPU, not the interpreter), 16-bit data, 16-byte aligned base pointers
+    and (batch, sequence, head) strides, a 16-byte head_dim."""
+    if not tile.use_tma or not tma_capable or problem.torch_dtype == torch.float32:
+        return False
+    size = problem.torch_dtype.itemsize
+    for tensor in tensors:
+        if tensor.data_ptr() % 16 or any(stride * size % 16 for stride in strides(tensor, problem.varlen)):
+            return False
+    return problem.head_dim * size % 16 == 0
+
+
+def _mask_flags(problem: Problem) -> dict[str, bool]:
+    return {"HAS_LEFT": problem.left >= 0, "HAS_RIGHT": problem.right >= 0}
+
+
+def _options(tile: TileConfig) -> dict[str, int]:
+    return {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
+
+
+def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) -> Launch:
+    """The forward kernel: one program per (query tile, query head, batch)."""
+    varlen = problem.varlen
+    args = (
+        q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
+        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(out, varlen),
+        *lse_strides(problem, q.shape[0]),
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, problem.left, problem.right,
+    )
+    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                      VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+                      **_mask_flags(problem))
+    grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
+    return Launch("forward_kernel", grid, args, constexprs, _options(tile))
+
+
+def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch:
+    """delta = rowsum(dout * out): one program per (``rows`` query rows, query head, batch)."""
+    varlen = problem.varlen
+    args = (out, dout, delta, problem.cu_seqlens_q, *strides(out, varlen), *strides(dout, varlen),
+            *lse_strides(problem, out.shape[0]), problem.seqlen_q)
+    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen)
+    grid = (cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)
+    return Launch("backward_preprocess_kernel", grid, args, constexprs, {})
+
+
+def _backward_common(problem: Problem) -> tuple[dict[str, Any], tuple]:
+    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=problem.varlen,
+                      DOT_PRECISION=dot_precision(problem.torch_dtype), **_mask_flags(problem))
+    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
+               problem.softmax_scale, problem.left, problem.right)
+    return constexprs, scalars
+
+
+def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, tile: TileConfig, tma: bool,
+                atomic_dq: bool) -> Launch:
+    """dK, dV (and, with ``atomic_dq``, dQ by fp32 atomics): one program per (key tile, kv head, batch)."""
+    varlen = problem.varlen
+    common, scalars = _backward_common(problem)
+    args = (
+        q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
+        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(dout, varlen),
+        *strides(dq_target, varlen), *strides(dk, varlen), *strides(dv, varlen), *lse_strides(problem, q.shape[0]),
+        *scalars,
+    )
+    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, ATOMIC_DQ=atomic_dq, USE_TMA=tma, **common)
+    grid = (cdiv(problem.seqlen_k, tile.block_n), problem.heads_kv, problem.batch)
+    return Launch("backward_kv_kernel", grid, args, constexprs, _options(tile))
+
+
+def backward_dq(problem: Problem, q, k, v, dout, lse, delta, dq, tile: TileConfig, tma: bool) -> Launch:
+    """Deterministic dQ: one program per (query tile, query head, batch)."""
+    varlen = problem.varlen
+    common, scalars = _backward_common(problem)
+    args = (
+        q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
+        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(dout, varlen),
+        *strides(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
+    )
+    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tma, **common)
+    grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
+    return Launch("backward_dq_kernel", grid, args, constexprs, _options(tile))
+
+
+def forward_launches(problem: Problem, q, k, v, out, lse, chosen: Mapping[str, TileConfig],
+                     tma_capable: bool) -> list[Launch]:
+    """The launches of a forward call with at least one query row and one key."""
+    tile = chosen["forward"]
+    return [forward(problem, q, k, v, out, lse, tile, use_tma(tile, problem, (q, k, v, out), tma_capable))]
+
+
+def backward_launches(problem: Problem, dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv,
+                      chosen: Mapping[str, TileConfig], tma_capable: bool, rows: int) -> list[Launch]:
+    """The launches of a backward call with at least one query row and one key, in order.
+
+    ``dq_target`` is where the key-tile pass accumulates dQ: the fp32 buffer
+    of atomic adds, or ``dq`` itself when a deterministic pass
+    (``"backward_dq" in chosen``) computes it.
+    """
+    deterministic = "backward_dq" in chosen
+    kv_tile = chosen["backward_kv"]
+    launches = [
+        backward_preprocess(problem, out, dout, delta, rows),
+        backward_kv(problem, q, k, v, dout, lse, delta, dq_target, dk, dv, kv_tile,
+                    use_tma(kv_tile, problem, (q, dout), tma_capable), atomic_dq=not deterministic),
+    ]
+    if deterministic:
+        dq_tile = chosen["backward_dq"]
+        launches.append(backward_dq(problem, q, k, v, dout, lse, delta, dq, dq_tile,
+                                    use_tma(dq_tile, problem, (q, dout, k, v), tma_capable)))
+    return launches
