@@ -29,6 +29,20 @@ LOG2E = 1.4426950408889634
 #: Rows per program of the delta preprocess on a GPU (the interpreter uses 16).
 PREPROCESS_ROWS = 128
 
+#: The window bound passed for "no bound": larger than any distance between a query and a key
+#: (sequences up to 2^29 tokens), small enough that the kernels' int32 bound arithmetic cannot
+#: overflow.  A bound at or above it bounds nothing either, so it is clamped to it.
+NO_BOUND = 2**30
+
+#: Head dims are multiples of 8 (:data:`.environment.HEAD_DIMS`); the kernels get them in these
+#: units, so one variant serves every head dim of a padded block and Triton still knows that a
+#: head_dim mask is constant over 8 columns (16-byte vectors of 16-bit data).
+HEAD_DIM_UNIT = 8
+
+#: The largest stride unit, in bytes: a 16-byte aligned row is all a vectorized load (128 bits per
+#: thread) or a TMA descriptor needs, so a larger unit would only split variants.
+STRIDE_UNIT_BYTES = 16
+
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -49,6 +63,35 @@ def strides(tensor, varlen: bool) -> tuple[int, int, int]:
     """(batch, sequence, head) strides in elements; a packed tensor has batch stride 0."""
     s = tuple(tensor.stride())
     return (0, s[0], s[1]) if varlen else (s[0], s[1], s[2])
+
+
+def stride_unit(tensor, varlen: bool) -> int:
+    """The largest power of two of elements, up to :data:`STRIDE_UNIT_BYTES` bytes, dividing the
+    (batch, sequence, head) strides.
+
+    The kernels get those strides divided by it and multiply back by it as a
+    constexpr, so Triton knows the alignment its vectorized loads need while
+    tensors whose strides differ by a multiple of it share one variant.
+    """
+    unit = max(STRIDE_UNIT_BYTES // tensor.element_size(), 1)
+    while any(stride % unit for stride in strides(tensor, varlen)):
+        unit //= 2
+    return unit
+
+
+def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
+    unit = stride_unit(tensor, varlen)
+    return tuple(stride // unit for stride in strides(tensor, varlen))
+
+
+def _bound(bound: int) -> int:
+    """A window bound for the kernels: -1 (none) and anything beyond :data:`NO_BOUND` become it."""
+    return NO_BOUND if bound < 0 else min(bound, NO_BOUND)
+
+
+def _mask_and_sizes(problem: Problem) -> tuple[int, int, int]:
+    """(left, right, head_dim_units): the runtime mask bounds and head dim."""
+    return _bound(problem.left), _bound(problem.right), problem.head_dim // HEAD_DIM_UNIT
 
 
 def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
@@ -85,10 +128,6 @@ def use_tma(tile: TileConfig, problem: Problem, tensors: tuple, tma_capable: boo
     return problem.head_dim * size % 16 == 0
 
 
-def _mask_flags(problem: Problem) -> dict[str, bool]:
-    return {"HAS_LEFT": problem.left >= 0, "HAS_RIGHT": problem.right >= 0}
-
-
 def _options(tile: TileConfig) -> dict[str, int]:
     return {"num_warps": tile.num_warps, "num_stages": tile.num_stages}
 
@@ -98,13 +137,14 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
     varlen = problem.varlen
     args = (
         q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
-        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(out, varlen),
+        *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(out, varlen),
         *lse_strides(problem, q.shape[0]),
-        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, problem.left, problem.right,
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, *_mask_and_sizes(problem),
     )
-    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
-                      **_mask_flags(problem))
+    constexprs = dict(BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, VARLEN=varlen,
+                      DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+                      Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
+                      O_UNIT=stride_unit(out, varlen))
     grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
     return Launch("forward_kernel", grid, args, constexprs, _options(tile))
 
@@ -112,18 +152,21 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
 def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch:
     """delta = rowsum(dout * out): one program per (``rows`` query rows, query head, batch)."""
     varlen = problem.varlen
-    args = (out, dout, delta, problem.cu_seqlens_q, *strides(out, varlen), *strides(dout, varlen),
-            *lse_strides(problem, out.shape[0]), problem.seqlen_q)
-    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen)
+    args = (out, dout, delta, problem.cu_seqlens_q, *_in_units(out, varlen), *_in_units(dout, varlen),
+            *lse_strides(problem, out.shape[0]), problem.seqlen_q, problem.head_dim // HEAD_DIM_UNIT)
+    constexprs = dict(BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen,
+                      O_UNIT=stride_unit(out, varlen), DO_UNIT=stride_unit(dout, varlen))
     grid = (cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)
     return Launch("backward_preprocess_kernel", grid, args, constexprs, {})
 
 
-def _backward_common(problem: Problem) -> tuple[dict[str, Any], tuple]:
-    constexprs = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=problem.varlen,
-                      DOT_PRECISION=dot_precision(problem.torch_dtype), **_mask_flags(problem))
+def _backward_common(problem: Problem, q, k, v, dout) -> tuple[dict[str, Any], tuple]:
+    varlen = problem.varlen
+    constexprs = dict(BLOCK_D=problem.block_d, VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype),
+                      Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
+                      DO_UNIT=stride_unit(dout, varlen))
     scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
-               problem.softmax_scale, problem.left, problem.right)
+               problem.softmax_scale, *_mask_and_sizes(problem))
     return constexprs, scalars
 
 
@@ -131,14 +174,16 @@ def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, 
                 atomic_dq: bool) -> Launch:
     """dK, dV (and, with ``atomic_dq``, dQ by fp32 atomics): one program per (key tile, kv head, batch)."""
     varlen = problem.varlen
-    common, scalars = _backward_common(problem)
+    common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
         q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
-        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(dout, varlen),
-        *strides(dq_target, varlen), *strides(dk, varlen), *strides(dv, varlen), *lse_strides(problem, q.shape[0]),
-        *scalars,
+        *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
+        *_in_units(dq_target, varlen), *_in_units(dk, varlen), *_in_units(dv, varlen),
+        *lse_strides(problem, q.shape[0]), *scalars,
     )
-    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, ATOMIC_DQ=atomic_dq, USE_TMA=tma, **common)
+    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, ATOMIC_DQ=atomic_dq, USE_TMA=tma,
+                      DQ_UNIT=stride_unit(dq_target, varlen), DK_UNIT=stride_unit(dk, varlen),
+                      DV_UNIT=stride_unit(dv, varlen), **common)
     grid = (cdiv(problem.seqlen_k, tile.block_n), problem.heads_kv, problem.batch)
     return Launch("backward_kv_kernel", grid, args, constexprs, _options(tile))
 
@@ -146,13 +191,14 @@ def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, 
 def backward_dq(problem: Problem, q, k, v, dout, lse, delta, dq, tile: TileConfig, tma: bool) -> Launch:
     """Deterministic dQ: one program per (query tile, query head, batch)."""
     varlen = problem.varlen
-    common, scalars = _backward_common(problem)
+    common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
         q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
-        *strides(q, varlen), *strides(k, varlen), *strides(v, varlen), *strides(dout, varlen),
-        *strides(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
+        *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
+        *_in_units(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
     )
-    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tma, **common)
+    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tma, DQ_UNIT=stride_unit(dq, varlen),
+                      **common)
     grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
     return Launch("backward_dq_kernel", grid, args, constexprs, _options(tile))
 
