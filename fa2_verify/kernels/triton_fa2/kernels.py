@@ -90,7 +90,7 @@ HEAD_DIM_UNIT: tl.constexpr = tl.constexpr(plans.HEAD_DIM_UNIT)
 
 
 @triton.jit
-def _tile_ranges(first, last, extent, lower_offset, upper_offset, BLOCK: tl.constexpr):
+def _tile_ranges(first, last, extent, lower_offset, upper_offset, HAS_LOWER: tl.constexpr, BLOCK: tl.constexpr):
     """Tiles of ``t in [0, extent)`` seen from anchors ``a in [first, last]``.
 
     ``t`` is seen from ``a`` iff ``a + lower_offset <= t <= a + upper_offset``
@@ -99,9 +99,17 @@ def _tile_ranges(first, last, extent, lower_offset, upper_offset, BLOCK: tl.cons
     seen from some anchor; tiles in ``[mid_lo, mid_hi)`` are whole, inside
     ``extent``, and seen from every anchor, so they need no mask.  ``lo``,
     ``mid_lo`` and ``mid_hi`` are multiples of BLOCK (or equal ``hi``).
+
+    Without a lower bound (``HAS_LOWER`` false, known at compile time) ``lo``
+    and ``mid_lo`` are 0, so the first masked range is empty and compiles
+    away: the one compile-time mask fact kept, because that leading loop
+    costs code and registers in every unbounded and causal program.
     """
-    lo = tl.maximum(first + lower_offset, 0)
-    full_lo = tl.maximum(last + lower_offset, 0)
+    lo = 0
+    full_lo = 0
+    if HAS_LOWER:
+        lo = tl.maximum(first + lower_offset, 0)
+        full_lo = tl.maximum(last + lower_offset, 0)
     hi = tl.minimum(tl.maximum(last + upper_offset + 1, 0), extent)
     full_hi = tl.minimum(tl.maximum(first + upper_offset + 1, 0), extent)
     lo = lo // BLOCK * BLOCK
@@ -121,6 +129,17 @@ def _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, CHECK_ROWS: tl.
     if CHECK_ROWS:
         visible = visible & (rows[:, None] < seqlen_q)
     return visible
+
+
+@triton.jit
+def _head_dim(head_dim_units, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
+    """The head dim: BLOCK_D itself when EVEN_D (known at compile time, so every column mask folds
+    away as in an unpadded kernel), else the runtime ``head_dim_units * HEAD_DIM_UNIT``."""
+    if EVEN_D:
+        head_dim = BLOCK_D
+    else:
+        head_dim = head_dim_units * HEAD_DIM_UNIT
+    return head_dim
 
 
 @triton.jit
@@ -216,10 +235,12 @@ def _query_program(Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_q
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q_base = _head_base(Q, b, q_start, h, stride_qb, stride_qs, stride_qh)
-    q = tl.zeros([BLOCK_M, BLOCK_D], dtype=Q.dtype.element_ty)
-    if m0 >= 0:
-        q_src = _source(q_base, sq, stride_qs, head_dim, BLOCK_M, BLOCK_D, USE_TMA)
-        q = _tile(q_src, m0, rows, stride_qs, offs_d, sq, head_dim, True, USE_TMA)
+    if USE_TMA:
+        q = tl.zeros([BLOCK_M, BLOCK_D], dtype=Q.dtype.element_ty)
+        if m0 >= 0:  # a descriptor load must not start past the rows
+            q = _source(q_base, sq, stride_qs, head_dim, BLOCK_M, BLOCK_D, USE_TMA).load([m0, 0])
+    else:  # a program past the last tile loads nothing: every row is masked
+        q = _load_tile(q_base, rows, stride_qs, offs_d, tl.where(m0 < 0, 0, sq), head_dim, True)
     return b, h, h_kv, q_start, sq, k_start, sk, m0, rows, offs_d, q
 
 
@@ -271,12 +292,12 @@ def forward_kernel(
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
     seqlen_q, seqlen_k, group, qk_scale, left, right, head_dim_units,
     # compile-time constants
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, O_UNIT: tl.constexpr,
 ):
     """out, lse for one (query tile, head, batch); grid (tiles, heads_q, batch)."""
-    head_dim = head_dim_units * HEAD_DIM_UNIT
+    head_dim = _head_dim(head_dim_units, BLOCK_D, EVEN_D)
     stride_qb, stride_qs, stride_qh = stride_qb * Q_UNIT, stride_qs * Q_UNIT, stride_qh * Q_UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * K_UNIT, stride_ks * K_UNIT, stride_kh * K_UNIT
     stride_vb, stride_vs, stride_vh = stride_vb * V_UNIT, stride_vs * V_UNIT, stride_vh * V_UNIT
@@ -293,7 +314,7 @@ def forward_kernel(
 
     # Stage 0: the key tiles these rows see, split into masked / whole / masked.
     row_last = tl.minimum(m0 + BLOCK_M, sq) - 1
-    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right, HAS_LEFT, BLOCK_N)
 
     k_src = _source(k_base, sk, stride_ks, head_dim, BLOCK_N, BLOCK_D, USE_TMA)
     v_src = _source(v_base, sk, stride_vs, head_dim, BLOCK_N, BLOCK_D, USE_TMA)
@@ -337,10 +358,11 @@ def backward_preprocess_kernel(
     stride_dob, stride_dos, stride_doh,
     stride_lb, stride_lh,
     seqlen_q, head_dim_units,
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr, O_UNIT: tl.constexpr, DO_UNIT: tl.constexpr,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
+    O_UNIT: tl.constexpr, DO_UNIT: tl.constexpr,
 ):
     """delta = rowsum(dout * out) in fp32 (Algorithm 2, line 4); grid (tiles, heads_q, batch)."""
-    head_dim = head_dim_units * HEAD_DIM_UNIT
+    head_dim = _head_dim(head_dim_units, BLOCK_D, EVEN_D)
     stride_ob, stride_os, stride_oh = stride_ob * O_UNIT, stride_os * O_UNIT, stride_oh * O_UNIT
     stride_dob, stride_dos, stride_doh = stride_dob * DO_UNIT, stride_dos * DO_UNIT, stride_doh * DO_UNIT
     pid_m = tl.program_id(0)
@@ -419,13 +441,14 @@ def backward_kv_kernel(
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
     seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, head_dim_units,
     # compile-time constants
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_RIGHT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, DO_UNIT: tl.constexpr,
     DQ_UNIT: tl.constexpr, DK_UNIT: tl.constexpr, DV_UNIT: tl.constexpr,
 ):
     """dk, dv (and atomic dq) for one (key tile, kv head, batch); grid (tiles, heads_kv, batch)."""
-    head_dim = head_dim_units * HEAD_DIM_UNIT
+    head_dim = _head_dim(head_dim_units, BLOCK_D, EVEN_D)
     stride_qb, stride_qs, stride_qh = stride_qb * Q_UNIT, stride_qs * Q_UNIT, stride_qh * Q_UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * K_UNIT, stride_ks * K_UNIT, stride_kh * K_UNIT
     stride_vb, stride_vs, stride_vh = stride_vb * V_UNIT, stride_vs * V_UNIT, stride_vh * V_UNIT
@@ -454,7 +477,7 @@ def backward_kv_kernel(
 
     # Stage 0: the query tiles that see this key tile; a partial key tile is masked throughout.
     col_last = tl.minimum(n0 + BLOCK_N, sk) - 1
-    lo, mid_lo, mid_hi, hi = _tile_ranges(n0, col_last, sq, -shift - right, -shift + left, BLOCK_M)
+    lo, mid_lo, mid_hi, hi = _tile_ranges(n0, col_last, sq, -shift - right, -shift + left, HAS_RIGHT, BLOCK_M)
     if n0 + BLOCK_N > sk:
         mid_lo = hi
         mid_hi = hi
@@ -529,12 +552,12 @@ def backward_dq_kernel(
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
     seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, head_dim_units,
     # compile-time constants
-    BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, DO_UNIT: tl.constexpr, DQ_UNIT: tl.constexpr,
 ):
     """dq for one (query tile, head, batch), no atomics; grid (tiles, heads_q, batch)."""
-    head_dim = head_dim_units * HEAD_DIM_UNIT
+    head_dim = _head_dim(head_dim_units, BLOCK_D, EVEN_D)
     stride_qb, stride_qs, stride_qh = stride_qb * Q_UNIT, stride_qs * Q_UNIT, stride_qh * Q_UNIT
     stride_kb, stride_ks, stride_kh = stride_kb * K_UNIT, stride_ks * K_UNIT, stride_kh * K_UNIT
     stride_vb, stride_vs, stride_vh = stride_vb * V_UNIT, stride_vs * V_UNIT, stride_vh * V_UNIT
@@ -561,7 +584,7 @@ def backward_dq_kernel(
     delta = tl.load(delta_row, mask=rows < sq, other=0.0)
 
     row_last = tl.minimum(m0 + BLOCK_M, sq) - 1
-    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right, BLOCK_N)
+    lo, mid_lo, mid_hi, hi = _tile_ranges(m0, row_last, sk, shift - left, shift + right, HAS_LEFT, BLOCK_N)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     dq = _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride_vs, rows, offs_n, offs_d,
                             lo, mid_lo, sq, sk, shift, left, right, qk_scale, head_dim,

@@ -79,19 +79,24 @@ def stride_unit(tensor, varlen: bool) -> int:
     return unit
 
 
-def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
-    unit = stride_unit(tensor, varlen)
-    return tuple(stride // unit for stride in strides(tensor, varlen))
-
-
 def _bound(bound: int) -> int:
     """A window bound for the kernels: -1 (none) and anything beyond :data:`NO_BOUND` become it."""
     return NO_BOUND if bound < 0 else min(bound, NO_BOUND)
 
 
+def _even(problem: Problem) -> bool:
+    """The head dim fills its padded block: no column is masked (a compile-time fact, see kernels._head_dim)."""
+    return problem.head_dim == problem.block_d
+
+
 def _mask_and_sizes(problem: Problem) -> tuple[int, int, int]:
     """(left, right, head_dim_units): the runtime mask bounds and head dim."""
     return _bound(problem.left), _bound(problem.right), problem.head_dim // HEAD_DIM_UNIT
+
+
+def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
+    unit = stride_unit(tensor, varlen)
+    return tuple(stride // unit for stride in strides(tensor, varlen))
 
 
 def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
@@ -141,8 +146,9 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
         *lse_strides(problem, q.shape[0]),
         problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, *_mask_and_sizes(problem),
     )
-    constexprs = dict(BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, VARLEN=varlen,
-                      DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                      VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+                      HAS_LEFT=problem.left >= 0,
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       O_UNIT=stride_unit(out, varlen))
     grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
@@ -154,7 +160,7 @@ def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch
     varlen = problem.varlen
     args = (out, dout, delta, problem.cu_seqlens_q, *_in_units(out, varlen), *_in_units(dout, varlen),
             *lse_strides(problem, out.shape[0]), problem.seqlen_q, problem.head_dim // HEAD_DIM_UNIT)
-    constexprs = dict(BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen,
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=rows, VARLEN=varlen,
                       O_UNIT=stride_unit(out, varlen), DO_UNIT=stride_unit(dout, varlen))
     grid = (cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)
     return Launch("backward_preprocess_kernel", grid, args, constexprs, {})
@@ -162,7 +168,8 @@ def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch
 
 def _backward_common(problem: Problem, q, k, v, dout) -> tuple[dict[str, Any], tuple]:
     varlen = problem.varlen
-    constexprs = dict(BLOCK_D=problem.block_d, VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype),
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), VARLEN=varlen,
+                      DOT_PRECISION=dot_precision(problem.torch_dtype),
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       DO_UNIT=stride_unit(dout, varlen))
     scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
@@ -182,6 +189,7 @@ def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, 
         *lse_strides(problem, q.shape[0]), *scalars,
     )
     constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, ATOMIC_DQ=atomic_dq, USE_TMA=tma,
+                      HAS_RIGHT=problem.right >= 0,
                       DQ_UNIT=stride_unit(dq_target, varlen), DK_UNIT=stride_unit(dk, varlen),
                       DV_UNIT=stride_unit(dv, varlen), **common)
     grid = (cdiv(problem.seqlen_k, tile.block_n), problem.heads_kv, problem.batch)
@@ -197,7 +205,8 @@ def backward_dq(problem: Problem, q, k, v, dout, lse, delta, dq, tile: TileConfi
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
         *_in_units(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
     )
-    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tma, DQ_UNIT=stride_unit(dq, varlen),
+    constexprs = dict(BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, USE_TMA=tma, HAS_LEFT=problem.left >= 0,
+                      DQ_UNIT=stride_unit(dq, varlen),
                       **common)
     grid = (cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
     return Launch("backward_dq_kernel", grid, args, constexprs, _options(tile))
