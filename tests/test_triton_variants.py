@@ -56,29 +56,31 @@ def test_an_absent_or_huge_window_bound_is_no_bound():
 
 
 @needs_compiler
-def test_head_dims_masks_and_strides_share_one_variant_per_kernel():
-    """Head dims 40..64 (one padded block), no mask / causal / windows, 1 to 4 heads, deterministic or not:
-    one forward, one preprocess, one key-tile and one dQ variant."""
+def test_head_dims_windows_and_strides_share_one_variant_per_kernel():
+    """Head dims 40..56 (one padded block), windows of any width (a huge one too), 2 or 3 heads,
+    deterministic or not: one variant of each kernel (the key-tile pass: with atomic dQ and without)."""
     specs = [
-        dataclasses.replace(BASE, head_dim=head_dim, causal=causal, window_size=window, heads_q=heads, heads_kv=heads,
+        dataclasses.replace(BASE, head_dim=head_dim, window_size=window, heads_q=heads, heads_kv=heads,
                             deterministic=deterministic)
-        for head_dim in (40, 48, 64)
-        for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (False, (5, 3)), (False, (0, -1)))
+        for head_dim in (40, 48, 56)
+        for window in ((5, 3), (0, 0), (7, 2**40))
         for heads in (2, 3)
         for deterministic in (False, True)
     ]
     counts = {kernel: len(keys) for kernel, keys in _keys(specs).items()}
     assert counts == {"forward_kernel": 1, "backward_preprocess_kernel": 1, "backward_kv_kernel": 2,
-                      "backward_dq_kernel": 1}, "the key-tile pass has one variant with atomic dQ and one without"
+                      "backward_dq_kernel": 1}
 
 
 @needs_compiler
-def test_dtype_block_and_group_one_are_variants():
-    """What stays compile-time: the dtype, the padded head-dim block, and a GQA group of 1 in the backward."""
-    specs = [BASE, dataclasses.replace(BASE, dtype="bfloat16"), dataclasses.replace(BASE, head_dim=72),
-             dataclasses.replace(BASE, heads_kv=4)]
-    counts = {kernel: len(keys) for kernel, keys in _keys(specs).items()}
-    assert counts["forward_kernel"] == 3 and counts["backward_kv_kernel"] == 4
+def test_what_stays_compile_time():
+    """The dtype, the padded block, a head dim that fills it, a left bound in the query-tile kernels and a
+    GQA group of 1 in the backward each make a variant; a right bound alone (causal) does not in the forward."""
+    variations = [BASE, dataclasses.replace(BASE, dtype="bfloat16"), dataclasses.replace(BASE, head_dim=72),
+                  dataclasses.replace(BASE, head_dim=56), dataclasses.replace(BASE, window_size=(3, -1)),
+                  dataclasses.replace(BASE, causal=True)]
+    assert len(_keys(variations)["forward_kernel"]) == 5
+    assert len(_keys([BASE, dataclasses.replace(BASE, heads_kv=4)])["backward_kv_kernel"]) == 2
 
 
 @needs_compiler
