@@ -9,8 +9,10 @@ base-2 exponent, so ``exp(scale * s - lse) = exp2(c * s - lse * LOG2E)``; the
 kernels keep row maxima and log-sum-exps in that log2 domain and convert the
 stored LSE back to the natural log.  Masks are bottom-right aligned: with
 ``shift = seqlen_k - seqlen_q``, query ``i`` sees key ``j`` iff
-``i + shift - left <= j <= i + shift + right`` (a bound of -1 is absent) and
-``j < seqlen_k``.
+``i + shift - left <= j <= i + shift + right`` (an absent bound arrives as
+``NO_BOUND``, which bounds nothing) and ``j < seqlen_k``.  The head dim is a
+runtime value masked within the padded ``BLOCK_D``; :mod:`.plans` computes
+every argument, and the package docstring lists what is compile-time.
 
 Forward, one program per (query tile of BLOCK_M rows, query head, batch)::
 
