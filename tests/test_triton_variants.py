@@ -91,6 +91,20 @@ def test_the_property_layouts_share_the_contiguous_variants(layout):
     assert _keys([spec], layout=layout) == _keys([spec])
 
 
+@needs_compiler
+@pytest.mark.parametrize("layout", ["contiguous", "strided-seqlen"])
+def test_warmup_arguments_have_the_real_launch_keys(layout):
+    """The tiny tensors warmup compiles with give every launch's key, deterministic and varlen included."""
+    from fa2_verify.core.varlen import VarlenSpec
+    from fa2_verify.kernels.triton_fa2 import variants
+
+    packed = VarlenSpec.packing(((3, 0), (17, 40)), heads_q=2, heads_kv=1, head_dim=40, dtype="float32", backward=True)
+    for spec in (dataclasses.replace(BASE, deterministic=True), packed):
+        for plan in variants.launches(spec, layout=layout):
+            stand_ins = dataclasses.replace(plan, args=variants.device_args(plan, torch.device("cpu")))
+            assert variants.key(stand_ins) == variants.key(plan)
+
+
 def test_warmup_without_cuda_is_a_one_line_error(capfd):
     """On a machine without a CUDA device, warmup exits 2 with one line naming the cause."""
     if torch.cuda.is_available():

@@ -127,21 +127,26 @@ def per_kernel(keys: Iterable[tuple]) -> dict[str, int]:
     return counts
 
 
-def _on_device(argument, device: torch.device):
-    """A real tensor on ``device`` with ``argument``'s dtype, strides and 16-byte alignment (tiny storage)."""
-    if not isinstance(argument, torch.Tensor):
-        return argument
-    offset = argument.data_ptr() % 16 // argument.element_size()
-    storage = torch.empty(offset + 1, dtype=argument.dtype, device=device)
-    return storage.as_strided((1,) * argument.dim(), argument.stride(), offset)
+def device_args(plan: plans.Launch, device: torch.device) -> tuple:
+    """``plan``'s arguments with each tensor replaced by a one-element tensor on ``device`` of the same
+    dtype, strides and address modulo 16 bytes: all that Triton's key reads of a tensor, so compiling
+    with them gives the key of the real launch (tests/test_triton_variants.py checks it)."""
+
+    def stand_in(argument):
+        if not isinstance(argument, torch.Tensor):
+            return argument
+        offset = argument.data_ptr() % 16 // argument.element_size()
+        storage = torch.empty(offset + 1, dtype=argument.dtype, device=device)
+        return storage.as_strided((1,) * argument.dim(), argument.stride(), offset)
+
+    return tuple(stand_in(argument) for argument in plan.args)
 
 
 def compile_launch(plan: plans.Launch, device: torch.device) -> None:
     """Compile ``plan``'s variant on ``device`` (into Triton's cache) without running it."""
     function = getattr(_kernels(), plan.kernel)
-    args = tuple(_on_device(argument, device) for argument in plan.args)
     with torch.cuda.device(device):
-        function.warmup(*args, grid=plan.grid, **plan.constexprs, **plan.options)
+        function.warmup(*device_args(plan, device), grid=plan.grid, **plan.constexprs, **plan.options)
 
 
 def target_of(device: torch.device) -> str:
