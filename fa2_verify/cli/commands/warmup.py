@@ -19,19 +19,15 @@ import multiprocessing
 import os
 import time
 
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
-
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.core.layouts import LAYOUTS
 from fa2_verify.kernels.triton_fa2 import environment
 from fa2_verify.properties import profiles
-from fa2_verify.properties.cases import case_specs
-from fa2_verify.properties.varlen import varlen_specs
 
 #: The case strategies of the properties (properties/test_*.py), as ``case_specs`` options, and whether the
-#: property also runs the case as MHA with repeated K, V (the GQA relations) or causal (the mask relations).
+#: property also runs the case as MHA with repeated K, V (the GQA relations), causal (the mask relations) or
+#: in a drawn non-contiguous layout (the layout relation).
 DRAWS: tuple[tuple[dict, str], ...] = (
     ({}, ""),
     ({"masked": False}, "causal"),
@@ -44,9 +40,11 @@ DRAWS: tuple[tuple[dict, str], ...] = (
 )
 
 
-def _draw(strategy: st.SearchStrategy, examples: int) -> list:
+def _draw(strategy, examples: int) -> list:
     """``examples`` values of ``strategy`` as Hypothesis draws them for a property, derandomized:
     the same cases, so the same variants, on every run."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
     drawn: list = []
 
     @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=(Phase.generate,),
@@ -74,6 +72,11 @@ def _related(spec: CaseSpec, relation: str, layout: str) -> list[tuple[CaseSpec,
 def profile_cases(profile_name: str, examples: int) -> list[tuple[CaseSpec, str]]:
     """(case, layout) pairs that the ``triton`` kernel runs on a GPU under ``profile_name``: ``examples``
     draws of each property's case strategy (:data:`DRAWS`, and the varlen cases) with the related cases."""
+    from hypothesis import strategies as st
+
+    from fa2_verify.properties.cases import case_specs
+    from fa2_verify.properties.varlen import varlen_specs
+
     capabilities = environment.Environment(triton_installed=True, interpret=False, cuda_available=True).capabilities
     limits = profiles.get(profile_name).limits("cuda")
     layouts = st.sampled_from(LAYOUTS[1:])
