@@ -4,7 +4,10 @@
 # most of its time on the CPU, in the golden and in Triton's compiler), writing
 # Allure results and keeping the Hypothesis example database in $FA2_OUT/examples
 # (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
-# on an empty cache the triton suite spends minutes compiling.
+# on an empty cache the triton suite spends minutes compiling.  With FA2_WARMUP=1
+# (and FA2_KERNEL=triton on a GPU), `fa2-verify warmup` first compiles the variants
+# the profile needs in parallel, one process per CPU core (opt-in: the suite
+# compiles whatever is missing on its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/common.sh
@@ -14,6 +17,9 @@ if [[ "$FA2_DEVICE" == cuda* ]]; then
     workers=$(($(nvidia-smi -L | wc -l) * ${FA2_WORKERS_PER_GPU:-4}))
 else
     workers="${FA2_WORKERS:-2}"
+fi
+if [[ "${FA2_WARMUP:-0}" == 1 && "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cuda* ]]; then
+    "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$(nproc)"
 fi
 rm -rf "$FA2_OUT/allure-results"
 "$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" \

@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fa2_verify.cli.commands.report",
     "fa2_verify.cli.commands.bench",
     "fa2_verify.cli.commands.suite",
+    "fa2_verify.cli.commands.warmup",
 )
 
 

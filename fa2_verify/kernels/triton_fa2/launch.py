@@ -18,56 +18,36 @@ from collections.abc import Mapping
 import torch
 import triton
 
-from fa2_verify.kernels.triton_fa2 import configs, kernels, validation
+from fa2_verify.kernels.triton_fa2 import configs, kernels, plans, validation
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
 from fa2_verify.kernels.triton_fa2.validation import Problem
-
-#: Rows per program of the delta preprocess (interpreter: 16).
-PREPROCESS_ROWS = 128
 
 
 def _unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.stride(-1) == 1 or tensor.shape[-1] == 1 else tensor.contiguous()
 
 
-def _strides(tensor: torch.Tensor, varlen: bool) -> tuple[int, int, int]:
-    """(batch, sequence, head) strides in elements; a packed tensor has batch stride 0."""
-    if varlen:
-        return 0, tensor.stride(0), tensor.stride(1)
-    return tensor.stride(0), tensor.stride(1), tensor.stride(2)
+def _target(problem: Problem) -> str:
+    return configs.target_for(problem.device, kernels.INTERPRET)
 
 
-def _lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
-    if problem.varlen:
-        return 0, total_q
-    return problem.heads_q * problem.seqlen_q, problem.seqlen_q
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs multiply in true fp32 (``ieee``), not tf32."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def _tma_capable(problem: Problem) -> bool:
+    """A Hopper-or-later GPU, not the interpreter: where TMA tensor descriptors exist."""
+    return (not kernels.INTERPRET and problem.device.type == "cuda"
+            and torch.cuda.get_device_capability(problem.device)[0] >= 9)
 
 
 def _tiles(problem: Problem, passes: tuple[str, ...], override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
-    target = configs.target_for(problem.device, kernels.INTERPRET)
-    seqlen = max(problem.seqlen_q, problem.seqlen_k)
-    chosen = {name: configs.select(target, name, problem.torch_dtype, problem.block_d, seqlen) for name in passes}
-    if override:
-        chosen.update({name: tile for name, tile in override.items() if name in passes})
-    return chosen
+    return plans.tiles(problem, passes, _target(problem), override)
 
 
 def _record(problem: Problem, entry: str, tiles: Mapping[str, TileConfig], **extra) -> None:
     configs.record(problem.describe(entry), {
-        "target": configs.target_for(problem.device, kernels.INTERPRET),
+        "target": _target(problem),
         "triton": triton.__version__,
         **{name: tile.as_dict() for name, tile in tiles.items()},
         **extra,
     })
-
-
-def _mask_flags(problem: Problem) -> dict[str, bool]:
-    return {"HAS_LEFT": problem.left >= 0, "HAS_RIGHT": problem.right >= 0}
 
 
 def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
@@ -75,49 +55,28 @@ def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _use_tma(tile: TileConfig, problem: Problem, tensors: tuple[torch.Tensor, ...]) -> bool:
-    """TMA when the tile asks for it and the hardware and layouts allow it: a Hopper-or-later
-    GPU, 16-bit data, 16-byte aligned base pointers and (batch, sequence, head) strides."""
-    if not tile.use_tma or kernels.INTERPRET or problem.device.type != "cuda":
-        return False
-    if problem.torch_dtype == torch.float32 or torch.cuda.get_device_capability(problem.device)[0] < 9:
-        return False
-    size = problem.torch_dtype.itemsize
-    for tensor in tensors:
-        if tensor.data_ptr() % 16 or any(stride * size % 16 for stride in _strides(tensor, problem.varlen)):
-            return False
-    if problem.head_dim * size % 16:
-        return False
-    triton.set_allocator(_descriptor_scratch)
-    return True
+def _run(launches: list[plans.Launch]) -> dict[str, bool]:
+    """Launch each plan in order; returns, per kernel, whether it used TMA."""
+    used = {}
+    for plan in launches:
+        tma = bool(plan.constexprs.get("USE_TMA", False))
+        if tma:
+            triton.set_allocator(_descriptor_scratch)
+        getattr(kernels, plan.kernel)[plan.grid](*plan.args, **plan.constexprs, **plan.options)
+        used[plan.kernel] = tma
+    return used
 
 
-# --------------------------------------------------------------------------- forward
-
-
-def _forward(problem: Problem, q, k, v, out, lse, tiles: Mapping[str, TileConfig]) -> bool:
-    """Launch the forward; returns whether it used TMA."""
-    tile = tiles["forward"]
-    use_tma = _use_tma(tile, problem, (q, k, v, out))
-    total_q = q.shape[0]
-    stride_lb, stride_lh = _lse_strides(problem, total_q)
-    grid = (triton.cdiv(problem.seqlen_q, tile.block_m), problem.heads_q, problem.batch)
-    kernels.forward_kernel[grid](
-        q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
-        *_strides(q, problem.varlen), *_strides(k, problem.varlen), *_strides(v, problem.varlen),
-        *_strides(out, problem.varlen), stride_lb, stride_lh,
-        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value, problem.left, problem.right,
-        HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-        VARLEN=problem.varlen, DOT_PRECISION=_dot_precision(problem.torch_dtype), USE_TMA=use_tma,
-        **_mask_flags(problem), num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )
-    return use_tma
-
-
-def _forward_call(problem: Problem, entry: str, q, k, v, lse_shape, tiles):
+def forward_tensors(q, k, v, lse_shape) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, out, lse) as the forward kernel gets them: inputs with a unit head_dim stride, new outputs."""
     q, k, v = (_unit_last_stride(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    return q, k, v, out, lse
+
+
+def _forward_call(problem: Problem, entry: str, q, k, v, lse_shape, tiles):
+    q, k, v, out, lse = forward_tensors(q, k, v, lse_shape)
     chosen = _tiles(problem, ("forward",), tiles)
     if out.numel() == 0:
         return out, lse
@@ -125,7 +84,8 @@ def _forward_call(problem: Problem, entry: str, q, k, v, lse_shape, tiles):
         out.zero_()
         lse.fill_(math.inf)
         return out, lse
-    _record(problem, entry, chosen, tma_used=_forward(problem, q, k, v, out, lse, chosen))
+    used = _run(plans.forward_launches(problem, q, k, v, out, lse, chosen, _tma_capable(problem)))
+    _record(problem, entry, chosen, tma_used=used["forward_kernel"])
     return out, lse
 
 
@@ -147,66 +107,48 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 # --------------------------------------------------------------------------- backward
 
 
-def _backward(problem: Problem, dout, q, k, v, out, lse, dq, dk, dv, deterministic: bool,
-              tiles: Mapping[str, TileConfig]) -> dict[str, bool]:
-    """Launch the backward passes; returns which of them used TMA."""
-    varlen = problem.varlen
-    total_q = q.shape[0]
-    stride_lb, stride_lh = _lse_strides(problem, total_q)
-    delta = torch.empty_like(lse)
-    rows = 16 if kernels.INTERPRET else PREPROCESS_ROWS
-    kernels.backward_preprocess_kernel[(triton.cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)](
-        out, dout, delta, problem.cu_seqlens_q,
-        *_strides(out, varlen), *_strides(dout, varlen), stride_lb, stride_lh, problem.seqlen_q,
-        HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, BLOCK_M=rows, VARLEN=varlen,
-    )
-    common = dict(HEAD_DIM=problem.head_dim, BLOCK_D=problem.block_d, VARLEN=varlen,
-                  DOT_PRECISION=_dot_precision(problem.torch_dtype), **_mask_flags(problem))
-    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * kernels.LOG2E.value,
-               problem.softmax_scale, problem.left, problem.right)
-    dq_target = dq if deterministic else torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    kv_tile = tiles["backward_kv"]
-    used = {"backward_kv": _use_tma(kv_tile, problem, (q, dout))}
-    kernels.backward_kv_kernel[(triton.cdiv(problem.seqlen_k, kv_tile.block_n), problem.heads_kv, problem.batch)](
-        q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
-        *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
-        *_strides(dq_target, varlen), *_strides(dk, varlen), *_strides(dv, varlen), stride_lb, stride_lh,
-        *scalars, BLOCK_M=kv_tile.block_m, BLOCK_N=kv_tile.block_n, ATOMIC_DQ=not deterministic,
-        USE_TMA=used["backward_kv"], **common, num_warps=kv_tile.num_warps, num_stages=kv_tile.num_stages,
-    )
-    if deterministic:
-        dq_tile = tiles["backward_dq"]
-        used["backward_dq"] = _use_tma(dq_tile, problem, (q, dout, k, v))
-        kernels.backward_dq_kernel[(triton.cdiv(problem.seqlen_q, dq_tile.block_m), problem.heads_q, problem.batch)](
-            q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
-            *_strides(q, varlen), *_strides(k, varlen), *_strides(v, varlen), *_strides(dout, varlen),
-            *_strides(dq, varlen), stride_lb, stride_lh,
-            *scalars, BLOCK_M=dq_tile.block_m, BLOCK_N=dq_tile.block_n, USE_TMA=used["backward_dq"], **common,
-            num_warps=dq_tile.num_warps, num_stages=dq_tile.num_stages,
-        )
-    else:
-        dq.copy_(dq_target)
-    return used
-
-
 def _backward_passes(deterministic: bool) -> tuple[str, ...]:
     return ("backward_kv", "backward_dq") if deterministic else ("backward_kv",)
 
 
-def _backward_call(problem: Problem, entry: str, dout, q, k, v, out, lse, deterministic, tiles):
-    validation.check_backward_extras(problem, q, dout, out, lse)
+def backward_tensors(dout, q, k, v, out, lse, deterministic: bool) -> tuple[torch.Tensor, ...]:
+    """(dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv) as the backward kernels get them: inputs with
+    a unit head_dim stride, a contiguous lse, new gradients, the delta rows and where dQ accumulates
+    (an fp32 buffer of atomic adds, or dq itself when deterministic)."""
     q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
     lse = lse.contiguous()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    delta = torch.empty_like(lse)
+    dq_target = dq if deterministic else torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    return dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv
+
+
+def preprocess_rows() -> int:
+    """Rows per program of the delta preprocess: 16 in the interpreter, so small tests span several."""
+    return 16 if kernels.INTERPRET else plans.PREPROCESS_ROWS
+
+
+def _backward_call(problem: Problem, entry: str, dout, q, k, v, out, lse, deterministic, tiles):
+    validation.check_backward_extras(problem, q, dout, out, lse)
+    deterministic = bool(deterministic)
+    tensors = backward_tensors(dout, q, k, v, out, lse, deterministic)
+    dq_target, dq, dk, dv = tensors[7:]
     chosen = _tiles(problem, _backward_passes(deterministic), tiles)
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return dq, dk, dv
-    used = _backward(problem, dout, q, k, v, out, lse, dq, dk, dv, bool(deterministic), chosen)
-    _record(problem, entry, chosen, deterministic=bool(deterministic), tma_used=used)
+    if not deterministic:
+        dq_target.zero_()
+    ran = _run(plans.backward_launches(problem, *tensors, chosen, _tma_capable(problem), preprocess_rows()))
+    if not deterministic:
+        dq.copy_(dq_target)
+    used = {"backward_kv": ran["backward_kv_kernel"]}
+    if deterministic:
+        used["backward_dq"] = ran["backward_dq_kernel"]
+    _record(problem, entry, chosen, deterministic=deterministic, tma_used=used)
     return dq, dk, dv
 
 
