@@ -19,7 +19,7 @@ import torch
 
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.cli.main import main
-from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
 from tests import crashing
@@ -44,7 +44,7 @@ class Restricted:
 
 
 FLOAT32_ONLY = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(32, 40, 64)))
-NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(8,)))
+NOTHING = Restricted(Capabilities(dtypes={"cpu": ("float64",)}, head_dims=(8,)))
 
 
 class ExitingConfig(Restricted):
@@ -215,17 +215,19 @@ def test_run_case_with_an_unknown_name_lists_the_names_in_one_line():
 
 
 def test_a_kernel_that_kills_run_leaves_the_case_it_was_on_as_the_last_line():
-    """tests/crashing.py: the backward aborts the process on the first case with head_dim 40."""
+    """tests/crashing.py: the backward aborts the process on the first case run with head_dim 40 (a case's
+    head dim fitted to the kernel's 32 and 40: the 64 of the second case becomes 40)."""
     environment = {**os.environ, "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
         [sys.executable, "-m", "fa2_verify", "run", "--kernel", "tests.crashing:ABORTS_ON_HEAD_DIM_40"],
         capture_output=True, text=True, env=environment, cwd=REPO, timeout=120,
     )
-    doomed = next(spec for spec in FIXED_CASES if spec.head_dim == crashing.FATAL_HEAD_DIM)
+    cases = fitted_cases(crashing.ABORTS_ON_HEAD_DIM_40.capabilities, FIXED_CASES, "cpu")
+    doomed = next(index for index, spec in enumerate(cases) if spec.head_dim == crashing.FATAL_HEAD_DIM)
     assert completed.returncode != 0 and completed.stdout == ""
     announced = [line for line in completed.stderr.splitlines() if line.startswith("fa2-verify: ")]
-    assert FIXED_CASES.index(doomed) > 0 and announced[-1] == (
-        f"fa2-verify: running case {FIXED_CASES.index(doomed) + 1} of {len(FIXED_CASES)}: {doomed.name}"
+    assert doomed > 0 and announced[-1] == (
+        f"fa2-verify: running case {doomed + 1} of {len(cases)}: {cases[doomed].name}"
     )
 
 

@@ -26,7 +26,7 @@ from fa2_verify.properties import shapes
 from fa2_verify.properties.cases import case_specs
 from fa2_verify.properties.profiles import get as get_profile
 from fa2_verify.verify.check import check_case
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fit_case, fitted_cases
+from fa2_verify.verify.fixed_cases import FIXED_CASES, fit_case, fit_head_dim, fitted_cases
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 from tests import user_kernels
 
@@ -88,19 +88,28 @@ def test_case_spec_unsupported_reason_honors_shape_constraints(fields, seqlen_q,
     capabilities = Capabilities.from_mapping({**CPU_FLOAT32, **fields})
     spec = CaseSpec(batch=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=1, heads_kv=1, head_dim=16, dtype="float32")
     assert spec.unsupported_reason(capabilities, "cpu") == reason
-    fitted = fit_case(spec, capabilities)
+    fitted = fit_case(spec, capabilities, "cpu")
     assert fitted is not None and fitted.unsupported_reason(capabilities, "cpu") is None
 
 
 def test_fit_case_rounds_lengths_up_and_keeps_the_rest():
     capabilities = Capabilities.from_mapping({**CPU_FLOAT32, "seqlen_multiple_of": {"q": 16, "k": 32}})
     spec = next(spec for spec in FIXED_CASES if spec.name == "bf16-causal-mqa-empty-rows")
-    fitted = fit_case(spec, capabilities)
-    assert (fitted.seqlen_q, fitted.seqlen_k) == (48, 32)
-    assert dataclasses.replace(fitted, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k) == spec
+    fitted = fit_case(spec, capabilities, "cpu")
+    assert (fitted.seqlen_q, fitted.seqlen_k, fitted.head_dim) == (48, 32, 16)
+    assert dataclasses.replace(fitted, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k, head_dim=spec.head_dim) == spec
     equal = Capabilities.from_mapping({**CPU_FLOAT32, "seqlen_multiple_of": 16, "equal_seqlens": True})
-    assert {(s.seqlen_q, s.seqlen_k) for s in fitted_cases(equal, FIXED_CASES)} <= {(n, n) for n in (16, 32, 48)}
-    assert len(fitted_cases(equal, FIXED_CASES)) == len(FIXED_CASES)
+    assert {(s.seqlen_q, s.seqlen_k) for s in fitted_cases(equal, FIXED_CASES, "cpu")} <= {(n, n) for n in (16, 32, 48)}
+    assert len(fitted_cases(equal, FIXED_CASES, "cpu")) == len(FIXED_CASES)
+
+
+def test_fit_head_dim_takes_the_next_supported_one():
+    """A case's head dim moves up to the next one the kernel has (down to its largest past the end), per device."""
+    assert [fit_head_dim(dim, (64, 96, 128)) for dim in (32, 64, 65, 100, 256)] == [64, 64, 96, 128, 128]
+    capabilities = Capabilities.from_mapping({"dtypes": {"cpu": ["float32"], "cuda": ["float16"]}, "head_dims": [32, 40],
+                                              "device_head_dims": {"cuda": [64]}})  # fmt: skip
+    spec = next(spec for spec in FIXED_CASES if spec.name == "fp16-window-mqa")
+    assert fit_case(spec, capabilities, "cpu") is spec and fit_case(spec, capabilities, "cuda").head_dim == 64
 
 
 CONSTRAINED = {

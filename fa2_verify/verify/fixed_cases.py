@@ -10,9 +10,9 @@ so tail blocks are exercised.  Inputs come from the ``normal`` and ``uniform``
 generators with fixed seeds, so every run sees the same numbers.
 
 A kernel with shape constraints (``seqlen_multiple_of``, ``equal_seqlens``,
-``min_seqlen``/``max_seqlen``) gets each case with its lengths fitted
-(:func:`fit_case`), so the mask, dtype and head layout the case exists for
-are still verified.
+``min_seqlen``/``max_seqlen``, a short list of head dims) gets each case with
+its lengths and head dim fitted (:func:`fit_case`), so the mask, dtype and
+head layout the case exists for are still verified.
 """
 
 from __future__ import annotations
@@ -47,13 +47,23 @@ FIXED_CASES: tuple[CaseSpec, ...] = (
 )
 
 
-def fit_case(spec: CaseSpec, capabilities: Capabilities) -> CaseSpec | None:
-    """``spec`` with each sequence length rounded up to one ``capabilities`` supports, or None if none fits.
+def fit_head_dim(head_dim: int, supported: tuple[int, ...]) -> int:
+    """The smallest of ``supported`` at least ``head_dim``, else the largest: ``head_dim`` itself when supported."""
+    return min((dim for dim in supported if dim >= head_dim), default=max(supported))
 
-    Each side is rounded to its own multiple (:meth:`Capabilities.fit_seqlen`);
-    with ``equal_seqlens`` both become the longer side, rounded to both
-    multiples.  A case that already fits is returned unchanged.
+
+def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpec | None:
+    """``spec`` with its head dim and sequence lengths moved to ones ``capabilities`` supports on ``device``.
+
+    The head dim becomes the next supported one (:func:`fit_head_dim`).  Each
+    length is rounded up to its own side's multiple
+    (:meth:`Capabilities.fit_seqlen`); with ``equal_seqlens`` both become the
+    longer side, rounded to both multiples; None if no length fits.  A case
+    that already fits is returned unchanged.
     """
+    head_dim = fit_head_dim(spec.head_dim, capabilities.head_dims_on(device))
+    if head_dim != spec.head_dim:
+        spec = dataclasses.replace(spec, head_dim=head_dim)
     if capabilities.seqlen_unsupported_reason(spec.seqlen_q, spec.seqlen_k) is None:
         return spec
     if capabilities.equal_seqlens:
@@ -65,7 +75,7 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities) -> CaseSpec | None:
     return dataclasses.replace(spec, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
 
 
-def fitted_cases(capabilities: Capabilities, cases: tuple[CaseSpec, ...]) -> tuple[CaseSpec, ...]:
-    """``cases`` (e.g. :data:`FIXED_CASES`) fitted to the kernel's sequence-length constraints (:func:`fit_case`)."""
-    fitted = (fit_case(spec, capabilities) for spec in cases)
+def fitted_cases(capabilities: Capabilities, cases: tuple[CaseSpec, ...], device: str) -> tuple[CaseSpec, ...]:
+    """``cases`` (e.g. :data:`FIXED_CASES`) fitted to the kernel's head dims and lengths on ``device`` (:func:`fit_case`)."""
+    fitted = (fit_case(spec, capabilities, device) for spec in cases)
     return tuple(spec for spec in fitted if spec is not None)

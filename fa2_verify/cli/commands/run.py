@@ -4,8 +4,8 @@ Runs ``--cases fixed`` (the default, :data:`verify.fixed_cases.FIXED_CASES`)
 or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
 type: production lengths on a GPU, the same set scaled down on a CPU), or only
 the cases of that set named by ``--case NAME`` (repeatable; the names the
-table prints), forward and backward, each case's sequence lengths fitted to
-the kernel's shape constraints (:func:`verify.fixed_cases.fitted_cases`),
+table prints), forward and backward, each case's head dim and sequence
+lengths fitted to the kernel's shape constraints (:func:`verify.fixed_cases.fitted_cases`),
 through the kernel on ``--device``, compares every output with the golden
 (:func:`verify.check.check_case`), prints one table (case, output, dtype,
 p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
@@ -209,7 +209,7 @@ def handle(args) -> int:
         check_writable(args.markdown, overwrite=args.overwrite, flag="--markdown")
     kernel = resolve_target(args.kernel, args.device)
     whole_set = case_set(args.cases, args.device)
-    specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases))
+    specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
     run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec))
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
