@@ -169,6 +169,13 @@ def test_kernels_command_lists_capabilities(capsys) -> None:
     assert any(line.strip().startswith("note: cpu: seqlen_q=0 or seqlen_k=0 is unsupported") for line in lines)
 
 
+def test_kernels_command_shows_a_gqa_dkv_summed_in_any_order(capsys) -> None:
+    """flash-attn-4 declares gqa_dkv_reproducible=False: the listing says so (it loads without the package)."""
+    assert main(["kernels", "flash-attn-4"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("flash-attn-4"))
+    assert "causal,window,gqa,backward,gqa-dkv-unordered" in row
+
+
 @pytest.mark.parametrize(
     "names, message",
     [(["nosuch"], "unknown kernel 'nosuch'"), (["reference", "tests.no_such_module:KERNEL"], "cannot import module")],

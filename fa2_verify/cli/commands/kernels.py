@@ -20,6 +20,7 @@ def add_parser(subparsers) -> None:
 
 
 def _features(caps) -> str:
+    """The capability flags that are on; ``gqa-dkv-unordered``: GQA dK, dV summed in any order (not bitwise reproducible)."""
     flags = [
         ("causal", caps.causal),
         ("window", caps.window),
@@ -27,6 +28,7 @@ def _features(caps) -> str:
         ("backward", caps.backward),
         ("deterministic", caps.deterministic_backward),
         ("varlen", caps.varlen),
+        ("gqa-dkv-unordered", caps.gqa and caps.backward and not caps.gqa_dkv_reproducible),
     ]
     return ",".join(name for name, on in flags if on) or "-"
 
