@@ -47,6 +47,15 @@ def test_stride_unit_is_the_power_of_two_up_to_16_bytes_dividing_every_stride(sh
     assert all(stride % unit == 0 for stride in plans.strides(tensor, varlen=False))
 
 
+def test_a_stride_of_2_31_elements_or_more_is_passed_whole():
+    """A batch of 131,072 x 64 x 256 fp16 elements (2^31) gets unit 1, so the kernel never multiplies a 32-bit
+    quotient back past 2^31; one element less keeps the 16-byte unit."""
+    whole = torch.empty_strided((2, 131072, 64, 256), (2**31, 64 * 256, 256, 1), dtype=torch.float16, device="meta")
+    assert plans.stride_unit(whole, varlen=False) == 1
+    below = torch.empty_strided((2, 131072, 64, 256), (2**31 - 8, 64 * 256, 256, 1), dtype=torch.float16, device="meta")
+    assert plans.stride_unit(below, varlen=False) == 8
+
+
 def test_an_absent_or_huge_window_bound_is_no_bound():
     """-1 and any bound past NO_BOUND reach the kernels as NO_BOUND; others as they are."""
     spec = dataclasses.replace(BASE, window_size=(3, 2**40))

@@ -43,6 +43,9 @@ HEAD_DIM_UNIT = 8
 #: thread) or a TMA descriptor needs, so a larger unit would only split variants.
 STRIDE_UNIT_BYTES = 16
 
+#: The first integer Triton passes to a kernel as 64-bit rather than 32-bit.
+INT32_LIMIT = 2**31
+
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
@@ -72,7 +75,15 @@ def stride_unit(tensor, varlen: bool) -> int:
     The kernels get those strides divided by it and multiply back by it as a
     constexpr, so Triton knows the alignment its vectorized loads need while
     tensors whose strides differ by a multiple of it share one variant.
+
+    A tensor with a stride of 2^31 elements or more gets unit 1: Triton
+    passes an argument that fits in 32 bits as a 32-bit integer, so a
+    quotient below 2^31 multiplied back in the kernel would wrap past 2^31
+    (the bug class of ``tests.mutants.BATCH_OFFSET_INT32_WRAP``); whole, such
+    a stride arrives as a 64-bit integer.
     """
+    if any(stride >= INT32_LIMIT for stride in strides(tensor, varlen)):
+        return 1
     unit = max(STRIDE_UNIT_BYTES // tensor.element_size(), 1)
     while any(stride % unit for stride in strides(tensor, varlen)):
         unit //= 2
