@@ -4,9 +4,9 @@ Each is the reference kernel (``kernels.reference.DEFERRED``) with one
 documented deviation; the property declarations name them as their
 ``breaker`` (``tests.breakers:NAME``), and ``tests/test_mutants_caught.py``
 checks that each property catches its breaker.  :data:`RANDOM_ORDER_DQ`,
-:data:`GQA_RANDOM_ORDER_DK_DV` and :data:`VARLEN_BY_LOOP` are correct kernels:
+:class:`GqaRandomOrderDkDv` and :data:`VARLEN_BY_LOOP` are correct kernels:
 the positive controls of the dQ spread bound, of the declared GQA dK/dV
-order, and of the varlen property.
+order (the test varies its declaration), and of the varlen property.
 """
 
 from __future__ import annotations
@@ -183,6 +183,7 @@ class GqaRandomOrderDkDv(_Broken):
             dout, q, *(t.repeat_interleave(group, dim=2) for t in (k, v)), out, lse,
             softmax_scale=softmax_scale, causal=causal, window_size=window_size,
         )  # fmt: skip
+
         def summed(per_head: torch.Tensor) -> torch.Tensor:
             heads = per_head.float().unflatten(2, (k.shape[2], group))
             total = torch.zeros_like(heads[:, :, :, 0])
@@ -204,4 +205,3 @@ NOISY_DQ = NoisyDq()
 VARLEN_OVERRUN = VarlenByLoop(overrun=1)
 VARLEN_BY_LOOP = VarlenByLoop()
 RANDOM_ORDER_DQ = RandomOrderDq()
-GQA_RANDOM_ORDER_DK_DV = GqaRandomOrderDkDv()

@@ -82,10 +82,11 @@ def stride_unit(tensor, varlen: bool) -> int:
     (the bug class of ``tests.mutants.BATCH_OFFSET_INT32_WRAP``); whole, such
     a stride arrives as a 64-bit integer.
     """
-    if any(stride >= INT32_LIMIT for stride in strides(tensor, varlen)):
+    tensor_strides = strides(tensor, varlen)
+    if any(stride >= INT32_LIMIT for stride in tensor_strides):
         return 1
     unit = max(STRIDE_UNIT_BYTES // tensor.element_size(), 1)
-    while any(stride % unit for stride in strides(tensor, varlen)):
+    while any(stride % unit for stride in tensor_strides):
         unit //= 2
     return unit
 
