@@ -113,6 +113,41 @@ def test_flex_adapter_forward_matches_the_golden(eager_flex, fields):
     assert set(result.comparisons) == {"out", "lse"}
 
 
+def _dynamo_limits() -> tuple:
+    config = torch._dynamo.config
+    return config.recompile_limit, config.accumulated_recompile_limit, config.fail_on_recompile_limit_hit, config.suppress_errors
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_calls_run_under_never_eager(monkeypatch):
+    """Every call of the compiled function runs with room for a run's shapes and no eager fallback;
+    the process's own Dynamo settings are back afterwards."""
+    from torch.nn.attention.flex_attention import flex_attention as eager
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(_dynamo_limits())
+        return eager(*args, **kwargs)
+
+    monkeypatch.setattr(flex_attention, "_compiled", lambda: recording)
+    before = _dynamo_limits()
+    case = make_case(_spec(backward=False, causal=True, seqlen_q=5, seqlen_k=7, heads_q=2, heads_kv=1))
+    flex_attention._attention(case.q, case.k, case.v, softmax_scale=0.25, causal=True, window_size=(-1, -1))
+    never_eager = flex_attention.NEVER_EAGER
+    assert seen == [(never_eager["recompile_limit"], never_eager["accumulated_recompile_limit"], True, False)]
+    assert _dynamo_limits() == before
+
+
+def test_never_eager_makes_the_recompile_limit_an_error():
+    """What the settings buy: past the limit Dynamo raises where by default it would run the function eagerly."""
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    with torch._dynamo.config.patch({**flex_attention.NEVER_EAGER, "recompile_limit": 1}):
+        compiled(torch.ones(2))
+        with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):
+            compiled(torch.ones(3))
+
+
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (-1, 2), (4, -1), (0, 0)])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(7, 12), (12, 7), (9, 9)])
 def test_flex_mask_mod_is_the_bottom_right_window(window, seqlen_q, seqlen_k):

@@ -12,6 +12,15 @@ The function is wrapped in ``torch.compile`` once per process (FlexAttention
 is meant to run compiled; eager runs a slow reference), and the backward is
 its autograd formula on leaf copies of q, k, v, recomputing the forward.
 
+Every call runs the compiled kernel or fails (:data:`NEVER_EAGER`): Dynamo
+compiles ``flex_attention`` anew for each shape, dtype and mask, and by
+default, past its recompile limit (8 entries) or on an error it suppresses,
+it runs the function eagerly instead, with a warning.  Eager FlexAttention is
+its unfused reference (scores materialized in the input dtype), a different
+kernel with different numerics: a property run draws far more than 8
+shapes per process, so without this most of its examples would have checked
+the reference, not FlexAttention's kernels.
+
 Sequences must be non-empty (``create_block_mask`` needs a length): declared
 as ``min_seqlen=1``.  It runs on CUDA (an sm80+ GPU) only: compiled
 FlexAttention on the CPU (torch 2.13) supports neither ``return_lse`` nor the
@@ -57,11 +66,21 @@ def window_mask_mod(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> Ca
     return mask_mod
 
 
+#: Dynamo settings for every call of the compiled function: room for one compiled entry per shape, dtype and
+#: mask a run draws, a hard error (not an eager fallback) where even that is exceeded, no suppressed errors.
+NEVER_EAGER: dict[str, Any] = {
+    "recompile_limit": 4096,
+    "accumulated_recompile_limit": 4096,
+    "fail_on_recompile_limit_hit": True,
+    "suppress_errors": False,
+}
+
+
 @functools.cache
 def _compiled() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
 
 
 def _block_mask(seqlen_q: int, seqlen_k: int, window: tuple[int, int], device: torch.device):
@@ -79,10 +98,11 @@ def _attention(q, k, v, *, softmax_scale: float, causal: bool, window_size) -> t
     block_mask = _block_mask(q.shape[1], k.shape[1], effective_window(causal, window_size), q.device)
     from torch.nn.attention.flex_attention import AuxRequest
 
-    out, aux = _compiled()(
-        *(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask, scale=softmax_scale, enable_gqa=True,
-        return_aux=AuxRequest(lse=True),
-    )  # fmt: skip
+    with torch._dynamo.config.patch(NEVER_EAGER):
+        out, aux = _compiled()(
+            *(t.transpose(1, 2) for t in (q, k, v)), block_mask=block_mask, scale=softmax_scale, enable_gqa=True,
+            return_aux=AuxRequest(lse=True),
+        )  # fmt: skip
     return out.transpose(1, 2), aux.lse
 
 
