@@ -86,7 +86,7 @@ def test_a_module_that_exits_on_import_is_a_usage_error(run, pytester):
 def test_a_kernel_that_exits_in_backward_fails_the_property_naming_it(run):
     result = run(
         "--pyargs", "fa2_verify.properties", "-k", "test_dq_within_error_model",
-        "--fa2-kernel=tests.mutants:BACKWARD_EXITS", "--fa2-profile=ci",
+        "--fa2-kernel=tests.mutants:BACKWARD_EXITS", "--fa2-profile=ci", "--fa2-dtypes=float32",
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*tests.mutants:BACKWARD_EXITS.backward raised SystemExit: 0*", "*1 failed*"])
@@ -96,20 +96,20 @@ def test_a_kernel_that_exits_in_backward_fails_the_property_naming_it(run):
 def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, pytester):
     pytester.makepyfile(forward_only=FORWARD_ONLY)
     result = run(
-        "--pyargs", "fa2_verify.properties", "-k", "within_error_model", "--fa2-kernel=forward_only:KERNEL", "--fa2-profile=ci", "-n", "2", "-rs"
+        "--pyargs", "fa2_verify.properties", "-k", "within_error_model", "--fa2-kernel=forward_only:KERNEL", "--fa2-profile=ci", "--fa2-dtypes=float32,float64", "-n", "2", "-rs"
     )
-    result.assert_outcomes(passed=2, skipped=4)
+    result.assert_outcomes(passed=4, skipped=8)
     budget = profiles.get("ci").max_examples
     result.stdout.fnmatch_lines(
         [
             "*fa2-verify property suite*",
             f"{2 * budget} examples checked in * s of test time (* examples/s per worker)",
-            "unsupported: 3 property test(s): forward_only:KERNEL lacks the capability 'backward'",
-            "unsupported: 1 property test(s): forward_only:KERNEL lacks the capability 'varlen'",
+            "unsupported: 3 properties: forward_only:KERNEL lacks the capability 'backward'",
+            "unsupported: 1 property: forward_only:KERNEL lacks the capability 'varlen'",
             f"worst lse in test_lse_within_error_model: * over {budget} examples",
             "    fa2-verify repro --kernel forward_only:KERNEL --device cpu --case *",
             f"worst out in test_out_within_error_model: * over {budget} examples",
-            "SKIPPED [[]3[]] *: unsupported: forward_only:KERNEL lacks the capability 'backward'",
+            "SKIPPED [[]6[]] *: unsupported: forward_only:KERNEL lacks the capability 'backward'",
         ]
     )
 
@@ -121,9 +121,9 @@ def test_suite_verifies_a_bhsd_autograd_kernel_without_lse(run):
         "--pyargs", "fa2_verify.properties", "-k", "out_within or lse_within or lse_shifts or dq_within",
         f"--fa2-kernel={kernel}", "--fa2-profile=dev", "--hypothesis-seed=0", "-rs",
     )  # fmt: skip
-    result.assert_outcomes(passed=2, skipped=2)
+    result.assert_outcomes(passed=4, skipped=4)
     result.stdout.fnmatch_lines(
-        [f"unsupported: 2 property test(s): {kernel}: kernel provides no LSE", "SKIPPED [[]2[]] *kernel provides no LSE"]
+        [f"unsupported: 2 properties: {kernel}: kernel provides no LSE", "SKIPPED [[]4[]] *kernel provides no LSE"]
     )
 
 
@@ -133,14 +133,14 @@ def test_suite_draws_only_multiples_for_a_kernel_that_needs_them(run):
         "--pyargs", "fa2_verify.properties", "-k", "out_within or lse_within or causal_prefix",
         "--fa2-kernel=tests.user_kernels:MULTIPLE_OF_16", "--fa2-profile=dev", "--hypothesis-seed=0",
     )  # fmt: skip
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=6)
 
 
 def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, pytester):
     """Each property test is one Allure result, labelled, with attachments made once per test."""
     results = pytester.path / "allure-results"
     outcome = run("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model", "--fa2-kernel=reference", "--fa2-profile=dev",
-                  f"--alluredir={results}")
+                  "--fa2-dtypes=float32", f"--alluredir={results}")
     outcome.assert_outcomes(passed=1)
     (record,) = [json.loads(path.read_text()) for path in results.glob("*-result.json")]
     labels = {label["name"]: label["value"] for label in record["labels"]}
@@ -151,7 +151,8 @@ def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, py
 
 
 def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
-    result = run("--pyargs", "fa2_verify.properties", "-k", "lse_within", "--fa2-kernel=tests.mutants:LSE_BASE2", "--fa2-profile=ci")
+    result = run("--pyargs", "fa2_verify.properties", "-k", "lse_within", "--fa2-kernel=tests.mutants:LSE_BASE2", "--fa2-profile=ci",
+                 "--fa2-dtypes=float32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -180,12 +181,13 @@ def test_a_kernel_that_kills_the_process_is_named_with_its_case_and_fails_the_ru
     }
     command = [
         sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "fa2_verify.properties",
-        "-k", "test_dq_within_error_model", f"--fa2-kernel={CRASHING}", "--fa2-profile=ci", *workers,
+        "-k", "test_dq_within_error_model", f"--fa2-kernel={CRASHING}", "--fa2-profile=ci", "--fa2-dtypes=float32",
+        *workers,
     ]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, cwd=pytester.path, env=environment, timeout=300)
     assert completed.returncode != 0
     (died,) = [line for line in (completed.stdout + completed.stderr).splitlines() if " died while running " in line]
-    assert f"died while running {CRASHING} on cpu in test_dq_within_error_model, on this case: " in died
+    assert f"died while running {CRASHING} on cpu in test_dq_within_error_model[float32], on this case: " in died
     reproduction = died.split("on this case: ")[1]
     case = json.loads(reproduction.split("--case '")[1].split("'")[0])
     assert case["head_dim"] == crashing.FATAL_HEAD_DIM and case["backward"]
@@ -308,3 +310,32 @@ def test_random_profiles_keep_their_database_when_ci_is_set(monkeypatch, tmp_pat
     assert isinstance(chosen.database, DirectoryBasedExampleDatabase)
     assert pathlib.Path(chosen.database.path) == tmp_path / "examples" and not chosen.derandomize
     assert profiles.get("nightly").max_examples > 10 * profiles.get("ci").max_examples
+
+
+def test_shards_split_the_budget_and_draw_apart():
+    """One shard per dtype; their budgets add up to the profile's; under one run seed each shard has its own."""
+    from fa2_verify.properties.harness import Shard, shard_seed, shards
+    from fa2_verify.properties.test_golden import test_out_within_error_model as prop
+
+    ci, dev = profiles.get("ci"), profiles.get("dev")
+    split = shards(prop, ci, ("float16", "bfloat16", "float32", "float64", "float8"), run_seed=None)
+    assert [shard.dtype for shard in split] == ["float16", "bfloat16", "float32", "float64", "float8"]
+    assert sum(shard.max_examples for shard in split) == ci.max_examples
+    assert max(shard.max_examples for shard in split) - min(shard.max_examples for shard in split) <= 1
+    assert len({shard.seed for shard in split}) == len(split) and None not in {shard.seed for shard in split}
+    assert shards(prop, ci, ("float32",), run_seed=7) == shards(prop, ci, ("float32",), run_seed=None)
+    assert all(shard.seed is None for shard in shards(prop, dev, ("float32", "float64"), run_seed=None))
+    seeded = shards(prop, dev, ("float32", "float64"), run_seed="3")
+    assert seeded != shards(prop, dev, ("float32", "float64"), run_seed="4") and None not in {s.seed for s in seeded}
+    assert shard_seed(prop.name, "float32", derandomize=False, run_seed="3") == seeded[0].seed
+    assert shards(prop, ci, (), run_seed=None) == [Shard(None, ci.max_examples, None)]
+    assert split[0].test_name(prop.name) == "test_out_within_error_model[float16]"
+
+
+def test_each_dtype_is_a_test_of_its_own(run):
+    """The shards are collected as ``test_<property>[<dtype>]``, in the order of --fa2-dtypes."""
+    result = run("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model", "--fa2-dtypes=float64,float32",
+                 "--collect-only", "-q")  # fmt: skip
+    result.stdout.fnmatch_lines(
+        ["*test_golden.py::test_out_within_error_model[[]float64[]]", "*test_golden.py::test_out_within_error_model[[]float32[]]"]
+    )

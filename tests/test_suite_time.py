@@ -204,13 +204,13 @@ def test_a_pass_records_each_phase_under_the_property_that_spent_it_in_the_packa
     out = tmp_path / "out"
     command = [sys.executable, str(REPO / "benchmarks" / "suite_time.py"), "--kernel", "reference", "--device", "cpu",
                "--profile", "dev", "--workers", "0", "--passes", "warm", "--package-root", str(root),
-               "--out", str(out), "--", "-k", "test_out_within_error_model"]  # fmt: skip
+               "--out", str(out), "--", "-k", "test_out_within_error_model", "--fa2-dtypes=float32"]  # fmt: skip
     completed = subprocess.run(command, capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     times = json.loads((out / "times.json").read_text())
     (warm,) = times["passes"]
     (row,) = warm["tests"]
-    assert row["test"].endswith("::test_out_within_error_model") and row["outcome"] == "passed"
+    assert row["test"].endswith("::test_out_within_error_model[float32]") and row["outcome"] == "passed"
     assert row["examples"] > 0
     assert all(row["phases"][phase] > 0 for phase in ("kernel", "golden", "comparison", "inputs"))
     assert warm["packages"] == [str(root / "fa2_verify")]

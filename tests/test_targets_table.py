@@ -54,3 +54,28 @@ def test_a_reproduction_that_names_its_device_is_kept_whole(tmp_path):
     junit.write_text(JUNIT.replace("repro --kernel sdpa-efficient --case", "repro --kernel sdpa-efficient --device cuda --case"))
     cell = targets_table.outcomes(junit)["test_dk_within_error_model"]
     assert "`fa2-verify repro --kernel sdpa-efficient --device cuda --case '{\"batch\": 2}'`" in cell
+
+
+SHARDED = """<?xml version="1.0" encoding="utf-8"?>
+<testsuites><testsuite name="pytest">
+<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model[float16]"/>
+<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model[bfloat16]"/>
+<testcase classname="fa2_verify.properties.test_golden" name="test_dq_within_error_model[float16]"/>
+<testcase classname="fa2_verify.properties.test_golden" name="test_dq_within_error_model[bfloat16]">
+<failure message="PropertyFailure: dq (bfloat16) mismatches the golden">x</failure></testcase>
+<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model[float16]">
+<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
+<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model[bfloat16]">
+<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
+</testsuite></testsuites>
+"""
+
+
+def test_a_property_tested_per_dtype_gets_one_cell(tmp_path):
+    """Any dtype's failure fails the property; a pass names the dtypes that finished."""
+    junit = tmp_path / "properties-a-ci-0.xml"
+    junit.write_text(SHARDED)
+    cells = targets_table.outcomes(junit)
+    assert cells["test_out_within_error_model"] == "pass (float16, bfloat16)"
+    assert cells["test_dq_within_error_model"] == "FAIL: PropertyFailure: dq (bfloat16) mismatches the golden"
+    assert cells["test_lse_within_error_model"] == "unsupported: the kernel provides no LSE"

@@ -5,7 +5,10 @@ makes it a Hypothesis test, ``@given(data=st.data())`` under the settings it is
 handed (the plugin passes the session's profile, docs/properties.md), marked
 with the capabilities it needs so the plugin skips it, as unsupported and with
 the reason, when the kernel lacks one (docs/properties.md, "Capabilities, not
-skips": never inside the test body).
+skips": never inside the test body).  The plugin builds one test per dtype
+the run draws (:func:`shards`), which share the profile's examples, so that
+pytest-xdist spreads one property over several workers and each worker
+compiles the kernel variants of one dtype only.
 
 :func:`search` runs one property under other settings outside pytest,
 stopping at the first failing example: the mutant tests and
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib
 import time
 from typing import Callable
@@ -39,8 +43,55 @@ PROPERTY_MODULES: tuple[str, ...] = (
 )
 
 
-def build_test(prop: Property, test_settings: settings) -> Callable:
-    """``prop`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under ``test_settings``.
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """One test of a property: its examples drawn with one ``dtype`` (``None``: every dtype).
+
+    ``max_examples`` is the shard's part of the profile's budget; ``seed``
+    seeds its search (``None``: Hypothesis' own fresh randomness).
+    """
+
+    dtype: str | None
+    max_examples: int
+    seed: int | None
+
+    def test_name(self, property_name: str) -> str:
+        """``test_<property>[<dtype>]``, the pytest name of this shard."""
+        return property_name if self.dtype is None else f"{property_name}[{self.dtype}]"
+
+
+def shard_seed(property_name: str, dtype: str, *, derandomize: bool, run_seed: object) -> int | None:
+    """The seed of one shard's search: a digest of the run's seed, the property and the dtype.
+
+    The shards of a property differ only in the dtype they draw, so under one
+    seed (a derandomized profile, or ``--hypothesis-seed``) they would all draw
+    the same shapes, values and masks: mixing the dtype in keeps them apart.
+    A derandomized profile ignores ``--hypothesis-seed``, as Hypothesis does.
+    Without either, ``None``: every shard draws from fresh randomness.
+    """
+    if not derandomize and run_seed is None:
+        return None
+    base = "derandomized" if derandomize else str(run_seed)
+    return int.from_bytes(hashlib.sha256(f"{base}|{property_name}|{dtype}".encode()).digest()[:8], "big")
+
+
+def shards(prop: Property, profile: profiles.Profile, dtypes: tuple[str, ...], run_seed: object) -> list[Shard]:
+    """One :class:`Shard` per dtype of ``dtypes``, splitting ``profile.max_examples`` as evenly as can be
+    (the first ``max_examples % len(dtypes)`` shards get one more), so a run checks as many examples
+    as one unsharded test would.  No dtype (a kernel that cannot run here): one shard drawing every dtype."""
+    if not dtypes:
+        return [Shard(None, profile.max_examples, None)]
+    share, extra = divmod(profile.max_examples, len(dtypes))
+    return [
+        Shard(dtype, share + (index < extra), shard_seed(prop.name, dtype, derandomize=profile.derandomize,
+                                                          run_seed=run_seed))
+        for index, dtype in enumerate(dtypes)
+    ]  # fmt: skip
+
+
+def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callable:
+    """``prop``'s ``shard`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under
+    ``test_settings`` with the shard's budget and seed; the plugin makes the suite draw the shard's dtype.
 
     Each example ends with :meth:`Suite.finished`, however it ends, so the
     case it announced is withdrawn (:mod:`properties.inflight`).
@@ -53,8 +104,11 @@ def build_test(prop: Property, test_settings: settings) -> Callable:
         finally:
             suite.finished()
 
-    test = settings(test_settings)(given(data=st.data())(example))
+    test = settings(test_settings, max_examples=shard.max_examples)(given(data=st.data())(example))
+    if shard.seed is not None:
+        test = hypothesis_seed(shard.seed)(test)
     test.fa2_property = prop
+    test.fa2_dtype = shard.dtype
     return getattr(pytest.mark, MARKER)(requires=prop.requires)(test)
 
 

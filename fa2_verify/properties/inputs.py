@@ -58,11 +58,15 @@ def softmax_scales() -> st.SearchStrategy[float | None]:
     return st.one_of(st.none(), st.sampled_from(SCALES))
 
 
-def dtypes(*, capabilities: Capabilities, device: str, include: Iterable[str] | None = None) -> st.SearchStrategy[str]:
-    """A dtype name the kernel supports on ``device`` (and in ``include`` if given)."""
+def drawn_dtypes(*, capabilities: Capabilities, device: str, include: Iterable[str] | None = None) -> tuple[str, ...]:
+    """The dtype names the kernel supports on ``device`` (and in ``include`` if given), in its order."""
     device_type = torch.device(device).type
     supported = tuple(capabilities.dtypes.get(device_type, ()))
     if not supported:
         raise UsageError(f"device={device!r}: the kernel supports no dtype there (it runs on {sorted(capabilities.dtypes)})")
-    chosen = supported if include is None else check_choices("dtypes", include, supported)
-    return st.sampled_from(chosen)
+    return supported if include is None else check_choices("dtypes", include, supported)
+
+
+def dtypes(*, capabilities: Capabilities, device: str, include: Iterable[str] | None = None) -> st.SearchStrategy[str]:
+    """A dtype name of :func:`drawn_dtypes`."""
+    return st.sampled_from(drawn_dtypes(capabilities=capabilities, device=device, include=include))

@@ -55,6 +55,7 @@ _UNSUPPORTED = "fa2_unsupported"
 _OBSERVED = "fa2_observed"
 _options_key = pytest.StashKey["dict[str, Any]"]()
 _inflight_key = pytest.StashKey[InFlight]()
+_dtypes_key = pytest.StashKey["tuple[str, ...]"]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -251,16 +252,41 @@ def suite(request: pytest.FixtureRequest):
     )
 
 
+def _shard_dtypes(config: pytest.Config) -> tuple[str, ...]:
+    """The dtypes the run draws, one test per dtype (:func:`properties.harness.shards`); none where the
+    kernel cannot run here or has no dtype on the device (its single test is then skipped with the reason)."""
+    from fa2_verify.core.errors import Fa2VerifyError
+    from fa2_verify.properties.inputs import drawn_dtypes
+    from fa2_verify.verify.registry import load_kernel
+
+    options = config.stash[_options_key]
+    try:
+        kernel = load_kernel(options["kernel"])
+        if kernel.unavailable_reason(options["device"]) is not None:
+            return ()
+        return drawn_dtypes(capabilities=kernel.capabilities, device=options["device"], include=options["dtypes"])
+    except Fa2VerifyError:
+        return ()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: object):
-    """A declared property (:class:`~properties.declaration.Property`) becomes a test under the session's profile."""
+    """A declared property (:class:`~properties.declaration.Property`) becomes one test per dtype drawn
+    (``test_<property>[<dtype>]``) under the session's profile, sharing the profile's examples."""
     if not isinstance(obj, Property):
         return None
-    from fa2_verify.properties.harness import build_test
+    from fa2_verify.properties.harness import build_test, shards
 
     options = collector.config.stash[_options_key]
-    test_settings = profiles.settings_for(profiles.get(options["profile"]), database_dir=options["database_dir"])
-    return pytest.Function.from_parent(collector, name=name, callobj=build_test(obj, test_settings))
+    if _dtypes_key not in collector.config.stash:
+        collector.config.stash[_dtypes_key] = _shard_dtypes(collector.config)
+    profile = profiles.get(options["profile"])
+    test_settings = profiles.settings_for(profile, database_dir=options["database_dir"])
+    run_seed = collector.config.getoption("hypothesis_seed", None)
+    return [
+        pytest.Function.from_parent(collector, name=shard.test_name(name), callobj=build_test(obj, test_settings, shard))
+        for shard in shards(obj, profile, collector.config.stash[_dtypes_key], run_seed)
+    ]
 
 
 def _is_property(item: pytest.Item) -> bool:
@@ -286,6 +312,7 @@ def pytest_runtest_call(item: pytest.Item):
         return (yield)
     suite = item.funcargs["suite"]
     suite.test = item.name
+    suite.dtype = item.obj.fa2_dtype
     suite.take_observations()
     suite.take_results()
     try:
@@ -305,28 +332,37 @@ class Summary:
 
     def __init__(self) -> None:
         self.died: list[Record] = []
-        self.unsupported: dict[str, int] = {}
+        self.unsupported: dict[str, set[str]] = {}
         self.declined: dict[str, int] = {}
         self.examples = 0
         self.seconds = 0.0
         self.worst: dict[tuple[str, str], dict[str, Any]] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        prop = report.nodeid.split("::")[-1].split("[")[0]
         for key, value in report.user_properties:
             if key == _UNSUPPORTED and report.when == "setup":
-                self.unsupported[value] = self.unsupported.get(value, 0) + 1
+                self.unsupported.setdefault(value, set()).add(prop)
             elif key == _OBSERVED and report.when == "call":
                 self.seconds += report.duration
-                test = report.nodeid.split("::")[-1]
                 observed = json.loads(value)
                 records = observed["worst"]
                 self.examples += max((record["examples"] for record in records), default=0)
                 for reason, count in observed["unsupported"].items():
                     self.declined[reason] = self.declined.get(reason, 0) + count
                 for record in records:
-                    current = self.worst.get((test, record["label"]))
-                    if current is None or float(record["score"]) > float(current["score"]):
-                        self.worst[(test, record["label"])] = record
+                    self._merge((prop, record["label"]), record)
+
+    def _merge(self, key: tuple[str, str], record: dict[str, Any]) -> None:
+        """Keep the worst record of a property's label over its dtype shards, counting every shard's examples."""
+        current = self.worst.get(key)
+        if current is None:
+            self.worst[key] = dict(record)
+            return
+        examples = current["examples"] + record["examples"]
+        if float(record["score"]) > float(current["score"]):
+            current = self.worst[key] = dict(record)
+        current["examples"] = examples
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any."""
@@ -345,8 +381,8 @@ class Summary:
             lines.append(
                 f"{self.examples} examples checked in {self.seconds:.1f} s of test time ({rate:.2f} examples/s per worker)"
             )
-        for reason, count in sorted(self.unsupported.items()):
-            lines.append(f"unsupported: {count} property test(s): {reason}")
+        for reason, properties in sorted(self.unsupported.items()):
+            lines.append(f"unsupported: {len(properties)} propert{'y' if len(properties) == 1 else 'ies'}: {reason}")
         for reason, count in sorted(self.declined.items()):
             lines.append(f"unsupported: {count} example(s) declined by the kernel: {reason}")
         for (test, label), record in sorted(self.worst.items()):

@@ -53,7 +53,9 @@ class Suite:
     ``golden_options`` are passed to ``golden.compute``; ``dtypes``, if given,
     restricts the dtypes drawn (to those the kernel also supports);
     ``inflight``, if given, keeps the case of the example running on disk
-    (the plugin sets it, and ``test`` to the property test running now).
+    (the plugin sets it, ``test`` to the property test running now and
+    ``dtype`` to the one dtype that test draws, its shard:
+    :func:`properties.harness.shards`; ``None`` draws every dtype).
     """
 
     kernel: LoadedKernel
@@ -63,6 +65,7 @@ class Suite:
     dtypes: tuple[str, ...] | None = None
     inflight: InFlight | None = None
     test: str = ""
+    dtype: str | None = None
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
     _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
     _results: list[CaseResult] = dataclasses.field(default_factory=list)
@@ -78,16 +81,19 @@ class Suite:
     def limits(self) -> Limits:
         return self.profile.limits(self.device)
 
+    def _drawn(self) -> tuple[str, ...] | None:
+        return (self.dtype,) if self.dtype is not None else self.dtypes
+
     def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
         """:func:`properties.cases.case_specs` for this kernel, device and profile."""
         return case_specs(
-            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self._drawn(), **options
         )
 
     def varlen_cases(self, **options: Any) -> st.SearchStrategy[VarlenSpec]:
         """:func:`properties.varlen.varlen_specs` for this kernel, device and profile."""
         return varlen_specs(
-            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self.dtypes, **options
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self._drawn(), **options
         )
 
     def observe(self, label: str, score: float, spec: CaseSpec) -> None:
