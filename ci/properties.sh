@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Run the property suite against $FA2_KERNEL, $FA2_WORKERS_PER_GPU pytest-xdist
 # workers per GPU (default 4; worker gwI runs on cuda:I mod GPUs: a worker spends
-# most of its time on the CPU, in the golden and in Triton's compiler), writing
+# most of its time on the CPU, in the golden and in Triton's compiler), with
+# `--dist worksteal` (an idle worker takes tests queued for a busy one: the
+# property tests differ in length by 10x, docs/benchmarks.md), writing
 # Allure results and keeping the Hypothesis example database in $FA2_OUT/examples
 # (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
 # on an empty cache the triton suite spends minutes compiling.  With FA2_WARMUP=1
@@ -31,7 +33,7 @@ if [[ "${FA2_MPS:-0}" == 1 && "$FA2_DEVICE" == cuda* ]]; then
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
 rm -rf "$FA2_OUT/allure-results"
-"$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" \
+"$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" --dist worksteal \
     --fa2-kernel "$FA2_KERNEL" --fa2-device "$FA2_DEVICE" --fa2-profile "$FA2_PROFILE" \
     --fa2-examples-dir "$FA2_OUT/examples" \
     --alluredir "$FA2_OUT/allure-results" \

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 14's suite timings and issue 11's flex-attention re-run on one GPU, meant to
+# run detached (setsid) across several device calls; the steps of $FA2_STEPS
+# (default "triton flash flex fa4 bench mps"), in that order:
+#   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
+#   flash   the same against torch-flash, one pass;
+#   flex    flex-attention alone, `ci` seed 0 (ci/device-targets.sh);
+#   fa4     flash-attn-4 alone, `ci` seed 0, installed by ci/install-fa4.sh into $FA2_FA4_SITE
+#           (default /root/site);
+#   bench   benchmarks/bench_before_after.py against the package in $FA2_BENCH_BEFORE
+#           (default bench-before: `git archive <commit> fa2_verify | tar -x -C bench-before`);
+#   mps     the triton warm pass again on the cache the triton step left, under CUDA MPS.
+# Suite runs use $FA2_SUITE_WORKERS pytest-xdist workers (default 12) and `--dist worksteal`,
+# as ci/properties.sh does.  Each step writes into $1/<step> (default gpu-out/suite-time)
+# and its console into $1/<step>.txt; $1/done is written at the end.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
+out="${1:-gpu-out/suite-time}"
+workers="${FA2_SUITE_WORKERS:-12}"
+before="${FA2_BENCH_BEFORE:-bench-before}"
+mkdir -p "$out"
+suite_time=(python3 benchmarks/suite_time.py --device cuda --profile ci --workers "$workers")
+site="${FA2_FA4_SITE:-/root/site}"
+for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
+    start=$SECONDS
+    case "$step" in
+        triton) "${suite_time[@]}" --kernel triton --passes cold,warm --time-limit 280 --out "$out/triton" \
+                    -- --dist worksteal ;;
+        flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \
+                    -- --dist worksteal ;;
+        flex) FA2_TARGETS=flex-attention FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 FA2_TARGET_TIMEOUT=400 \
+                    OMP_NUM_THREADS=1 bash ci/device-targets.sh "$out/flex" ;;
+        fa4) PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH" FA2_TARGETS=flash-attn-4 \
+                    FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 FA2_TARGET_TIMEOUT=400 OMP_NUM_THREADS=1 \
+                    bash ci/device-targets.sh "$out/fa4" ;;
+        bench) python3 benchmarks/bench_before_after.py --before "$before" --repeats 2 --out "$out/bench" ;;
+        mps) nvidia-cuda-mps-control -d
+             "${suite_time[@]}" --kernel triton --passes warm --triton-cache "$out/triton/triton-cache" \
+                 --time-limit 150 --out "$out/mps" -- --dist worksteal
+             echo quit | nvidia-cuda-mps-control ;;
+        *) echo "unknown step $step" ;;
+    esac >"$out/$step.txt" 2>&1
+    echo "== $step: exit $? ($((SECONDS - start)) s)" >>"$out/steps.txt"
+done
+date >"$out/done"
