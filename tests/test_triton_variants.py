@@ -101,43 +101,6 @@ def test_the_property_layouts_share_the_contiguous_variants(layout):
 
 
 @needs_compiler
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_dense_and_packed_launches_share_their_variants(deterministic):
-    """Varlen is a runtime flag and a dense launch passes an int32 placeholder for cu_seqlens: a packed
-    batch (a sequence of 17 queries and 40 keys, an empty one) and a dense batch of the same sizes have the
-    same compile key in every launch, with the flag 1 and the call's offsets against 0 and the placeholder."""
-    from fa2_verify.core.varlen import VarlenSpec
-    from fa2_verify.kernels.triton_fa2 import variants
-
-    def runtime(plan):
-        function = getattr(variants._kernels(), plan.kernel)
-        return dict(zip([param.name for param in function.params if not param.is_constexpr], plan.args))
-
-    shared = dict(heads_q=4, heads_kv=2, head_dim=40, dtype="float16", backward=True, deterministic=deterministic)
-    packed = variants.launches(VarlenSpec.packing(((17, 40), (0, 9)), **shared))
-    dense = variants.launches(CaseSpec(batch=2, seqlen_q=17, seqlen_k=40, **shared))
-    assert [plan.kernel for plan in packed] == [plan.kernel for plan in dense]
-    assert len(packed) == (4 if deterministic else 3)
-    placeholder = plans.dense_offsets(torch.device("meta"))
-    for packed_plan, dense_plan in zip(packed, dense):
-        assert variants.key(packed_plan) == variants.key(dense_plan)
-        packed_args, dense_args = runtime(packed_plan), runtime(dense_plan)
-        assert (packed_args["varlen"], dense_args["varlen"]) == (1, 0)
-        assert packed_args["cu_seqlens_q"] is not placeholder and dense_args["cu_seqlens_q"] is placeholder
-
-
-def test_a_dense_launch_passes_one_cached_int32_placeholder_for_both_offsets():
-    """Dense: cu_seqlens_q and cu_seqlens_k are the one int32 tensor kept for the device; packed: its own."""
-    problem = plans.Problem(**{f.name: getattr(BASE, f.name) for f in dataclasses.fields(CaseSpec)})
-    placeholder = plans.dense_offsets(torch.device("cpu"))
-    assert placeholder.dtype == torch.int32 and placeholder.device.type == "cpu"
-    assert all(offsets is placeholder for offsets in plans.offsets(problem))
-    cu_q, cu_k = torch.tensor([0, 3, 9], dtype=torch.int32), torch.tensor([0, 4, 8], dtype=torch.int32)
-    packed = plans.offsets(dataclasses.replace(problem, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k))
-    assert packed[0] is cu_q and packed[1] is cu_k
-
-
-@needs_compiler
 @pytest.mark.parametrize("layout", ["contiguous", "strided-seqlen"])
 def test_warmup_arguments_have_the_real_launch_keys(layout):
     """The tiny tensors warmup compiles with give every launch's key, deterministic and varlen included."""

@@ -7,15 +7,13 @@ One pure function per entry point of :mod:`.kernels` turns a call (its
 derives (the constexprs plus Triton's own specialization of the other
 arguments), so the variant count, the warm-up and the real launch cannot
 disagree.  The tensors may live on the ``meta`` device: a plan reads only
-their dtypes, shapes, strides and addresses (its one state is the cached
-placeholder offsets of dense launches, :func:`dense_offsets`).  Importing
-this module imports no Triton.
+their dtypes, shapes, strides and addresses.  Importing this module imports
+no Triton.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,29 +111,6 @@ def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
     return tuple(stride // unit for stride in strides(tensor, varlen))
 
 
-@functools.cache
-def dense_offsets(device: torch.device) -> torch.Tensor:
-    """The ``cu_seqlens_q``/``cu_seqlens_k`` of a dense launch: an int32 placeholder on ``device``, never read.
-
-    Varlen is a runtime flag of the kernels (0 for a dense batch, so
-    ``kernels._sequence`` never loads the offsets), and a dense launch passes
-    an int32 device pointer where a packed one passes its offsets: ``None``
-    would reach Triton as a constexpr and give dense launches their own
-    compile key again.  Made once per device and kept, so a dense call costs
-    no allocation or fill for it (and, on a GPU, the pointer keeps the
-    16-byte alignment Triton keys on, as the offsets tensors do).
-    """
-    return torch.zeros(2, dtype=torch.int32, device=device)
-
-
-def offsets(problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cu_seqlens_q, cu_seqlens_k) a launch passes: the call's offsets, or :func:`dense_offsets` twice."""
-    if problem.varlen:
-        return problem.cu_seqlens_q, problem.cu_seqlens_k
-    placeholder = dense_offsets(problem.device)
-    return placeholder, placeholder
-
-
 def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
     if problem.varlen:
         return 0, total_q
@@ -178,14 +153,13 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
     """The forward kernel: one program per (query tile, query head, batch)."""
     varlen = problem.varlen
     args = (
-        q, k, v, out, lse, *offsets(problem),
+        q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(out, varlen),
         *lse_strides(problem, q.shape[0]),
         problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, *_mask_and_sizes(problem),
-        int(varlen),
     )
     constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+                      VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
                       HAS_LEFT=problem.left >= 0,
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       O_UNIT=stride_unit(out, varlen))
@@ -196,9 +170,9 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
 def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch:
     """delta = rowsum(dout * out): one program per (``rows`` query rows, query head, batch)."""
     varlen = problem.varlen
-    args = (out, dout, delta, offsets(problem)[0], *_in_units(out, varlen), *_in_units(dout, varlen),
-            *lse_strides(problem, out.shape[0]), problem.seqlen_q, problem.head_dim // HEAD_DIM_UNIT, int(varlen))
-    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=rows,
+    args = (out, dout, delta, problem.cu_seqlens_q, *_in_units(out, varlen), *_in_units(dout, varlen),
+            *lse_strides(problem, out.shape[0]), problem.seqlen_q, problem.head_dim // HEAD_DIM_UNIT)
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=rows, VARLEN=varlen,
                       O_UNIT=stride_unit(out, varlen), DO_UNIT=stride_unit(dout, varlen))
     grid = (cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)
     return Launch("backward_preprocess_kernel", grid, args, constexprs, {})
@@ -206,11 +180,12 @@ def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch
 
 def _backward_common(problem: Problem, q, k, v, dout) -> tuple[dict[str, Any], tuple]:
     varlen = problem.varlen
-    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), DOT_PRECISION=dot_precision(problem.torch_dtype),
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), VARLEN=varlen,
+                      DOT_PRECISION=dot_precision(problem.torch_dtype),
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       DO_UNIT=stride_unit(dout, varlen))
     scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
-               problem.softmax_scale, *_mask_and_sizes(problem), int(varlen))
+               problem.softmax_scale, *_mask_and_sizes(problem))
     return constexprs, scalars
 
 
@@ -220,7 +195,7 @@ def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, 
     varlen = problem.varlen
     common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
-        q, k, v, dout, lse, delta, dq_target, dk, dv, *offsets(problem),
+        q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
         *_in_units(dq_target, varlen), *_in_units(dk, varlen), *_in_units(dv, varlen),
         *lse_strides(problem, q.shape[0]), *scalars,
@@ -238,7 +213,7 @@ def backward_dq(problem: Problem, q, k, v, dout, lse, delta, dq, tile: TileConfi
     varlen = problem.varlen
     common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
-        q, k, v, dout, lse, delta, dq, *offsets(problem),
+        q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
         *_in_units(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
     )
