@@ -9,7 +9,8 @@
 #           (default /root/site);
 #   bench   benchmarks/bench_before_after.py against the package in $FA2_BENCH_BEFORE
 #           (default bench-before: `git archive <commit> fa2_verify | tar -x -C bench-before`);
-#   mps     the triton warm pass again on the cache the triton step left, under CUDA MPS.
+#   mps     the triton warm pass again on the cache the triton step left, then torch-flash,
+#           under CUDA MPS.
 # Suite runs use $FA2_SUITE_WORKERS pytest-xdist workers (default 12) and `--dist worksteal`,
 # as ci/properties.sh does.  Each step writes into $1/<step> (default gpu-out/suite-time)
 # and its console into $1/<step>.txt; $1/done is written at the end.
@@ -39,6 +40,8 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
         mps) nvidia-cuda-mps-control -d
              "${suite_time[@]}" --kernel triton --passes warm --triton-cache "$out/triton/triton-cache" \
                  --time-limit 150 --out "$out/mps" -- --dist worksteal
+             "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/mps-flash" \
+                 -- --dist worksteal
              echo quit | nvidia-cuda-mps-control ;;
         *) echo "unknown step $step" ;;
     esac >"$out/$step.txt" 2>&1
