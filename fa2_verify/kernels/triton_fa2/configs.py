@@ -12,7 +12,7 @@ The ``sm90`` rows were chosen by the sweeps of ``fa2_verify/bench`` (``fa2-verif
 the measurements.  The float32 rows multiply in true fp32 (``input_precision="ieee"``), which
 Triton lowers to unrolled FMA loops rather than tensor cores: their 16 warps keep each thread's share
 of a ``tl.dot`` (block_m * block_n * block_d / (32 * num_warps) FMAs) small, which cuts their sm90
-compile time by 2 to 4x and their register spills (docs/benchmarks.md, "Float32 compile time").
+compile time by 1.5 to 3.7x and their register spills (docs/benchmarks.md, "Float32 compile time").
 """
 
 from __future__ import annotations
