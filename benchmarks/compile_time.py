@@ -30,7 +30,8 @@ import subprocess
 import tempfile
 import time
 
-from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.case import DTYPES, CaseSpec
+from fa2_verify.core.errors import UsageError
 from fa2_verify.kernels.triton_fa2 import configs, plans, variants
 
 #: The variants timed: (label, kernel, ATOMIC_DQ or None, deterministic backward).
@@ -40,10 +41,6 @@ PASSES: tuple[tuple[str, str, bool | None, bool], ...] = (
     ("dK/dV", "backward_kv_kernel", False, True),
     ("dQ", "backward_dq_kernel", None, True),
 )
-
-#: Which tile-table pass each kernel uses.
-TABLE_PASS = {"forward_kernel": "forward", "backward_kv_kernel": "backward_kv", "backward_dq_kernel": "backward_dq"}
-
 
 def parse_row(text: str) -> tuple[tuple[str, int], configs.TileConfig]:
     """``pass:block_d=block_m,block_n,num_warps,num_stages`` -> ((pass, block_d), tile)."""
@@ -57,6 +54,13 @@ def parse_row(text: str) -> tuple[tuple[str, int], configs.TileConfig]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected pass:block_d=block_m,block_n,num_warps,num_stages "
                                          f"with pass one of {', '.join(configs.PASSES)}") from None
     return (pass_name, int(block_d)), configs.TileConfig(*numbers)
+
+
+def head_dim_arg(text: str) -> int:
+    """A head dim the kernels take: 1 to 256."""
+    if not text.isdigit() or not 1 <= int(text) <= 256:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a head dim from 1 to 256")
+    return int(text)
 
 
 def launch_of(dtype: str, head_dim: int, kernel: str, atomic_dq: bool | None, deterministic: bool) -> plans.Launch:
@@ -113,7 +117,9 @@ def compile_plan(plan: plans.Launch) -> tuple[dict[str, float], int, int]:
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     name, specialization, options = variants.key(plan)
-    function = getattr(variants._kernels(), name)
+    from fa2_verify.kernels.triton_fa2 import kernels
+
+    function = getattr(kernels, name)
     signature = {param.name: spec[0] for param, spec in zip(function.params, specialization)}
     constexprs = {(index,): spec[1] for index, spec in enumerate(specialization) if spec[0] == "constexpr"}
     attrs = {(index,): backend.parse_attr(spec[1]) for index, spec in enumerate(specialization)
@@ -133,8 +139,9 @@ def compile_plan(plan: plans.Launch) -> tuple[dict[str, float], int, int]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dtype", nargs="+", default=["float32"], help="dtypes (default: float32)")
-    parser.add_argument("--head-dim", nargs="+", type=int, default=[32, 64, 128, 256],
+    parser.add_argument("--dtype", nargs="+", choices=("float16", "bfloat16", "float32"),
+                        default=["float32"], help="dtypes (default: float32)")
+    parser.add_argument("--head-dim", nargs="+", type=head_dim_arg, default=[32, 64, 128, 256],
                         help="head dims, each its own block (default: 32 64 128 256)")
     parser.add_argument("--pass", dest="passes", nargs="+", choices=[label for label, *_ in PASSES],
                         help="variants to compile (default: all four)")
@@ -148,19 +155,22 @@ def main(argv: list[str] | None = None) -> None:
           "| registers | stack bytes |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for dtype in args.dtype:
-        precision = configs.precision_of(CaseSpec(1, 1, 1, 1, 1, 32, dtype).torch_dtype)
+        precision = configs.precision_of(DTYPES[dtype])
         for (pass_name, block_d), tile in args.row:
-            configs._SM90[(pass_name, precision, block_d)] = tile
-        for head_dim in args.head_dim:
+            configs.TABLES[variants.DEFAULT_TARGET][(pass_name, precision, block_d)] = tile
+        for size in args.head_dim:
             for label, kernel, atomic_dq, deterministic in PASSES:
                 if args.passes and label not in args.passes:
                     continue
-                plan = launch_of(dtype, head_dim, kernel, atomic_dq, deterministic)
+                try:
+                    plan = launch_of(dtype, size, kernel, atomic_dq, deterministic)
+                except UsageError as error:
+                    parser.error(str(error))
                 times, registers, stack = compile_plan(plan)
                 front = sum(times.get(stage, 0.0) for stage in ("ttir", "ttgir", "llir"))
                 tile = (plan.constexprs["BLOCK_M"], plan.constexprs["BLOCK_N"], plan.options["num_warps"],
                         plan.options["num_stages"])
-                print(f"| {dtype} | {label} | {plan.constexprs.get('BLOCK_D', head_dim)} | {tile} | {front:.1f} "
+                print(f"| {dtype} | {label} | {plan.constexprs.get('BLOCK_D', size)} | {tile} | {front:.1f} "
                       f"| {times.get('ptx', 0.0):.1f} | {times.get('cubin', 0.0):.1f} | {sum(times.values()):.1f} "
                       f"| {registers} | {stack} |", flush=True)
 
