@@ -42,6 +42,7 @@ PASSES: tuple[tuple[str, str, bool | None, bool], ...] = (
     ("dQ", "backward_dq_kernel", None, True),
 )
 
+
 def parse_row(text: str) -> tuple[tuple[str, int], configs.TileConfig]:
     """``pass:block_d=block_m,block_n,num_warps,num_stages`` -> ((pass, block_d), tile)."""
     try:
