@@ -9,10 +9,7 @@ choice made in this process is recorded and returned by
 
 The ``sm90`` rows were chosen by the sweeps of ``fa2_verify/bench`` (``fa2-verify bench``)
 (``--sections sweep``) on an H200 (the H100's chip); docs/benchmarks.md gives
-the measurements.  The float32 rows multiply in true fp32 (``input_precision="ieee"``), which
-Triton lowers to unrolled FMA loops rather than tensor cores: their 16 warps keep each thread's share
-of a ``tl.dot`` (block_m * block_n * block_d / (32 * num_warps) FMAs) small, which cuts their sm90
-compile time by 1.5 to 3.7x and their register spills (docs/benchmarks.md, "Float32 compile time").
+the measurements.
 """
 
 from __future__ import annotations
@@ -60,18 +57,18 @@ _SM90 = _rows(
         ("backward_dq", "16bit", 64): (128, 64, 8, 3),
         ("backward_dq", "16bit", 128): (128, 64, 8, 3),
         ("backward_dq", "16bit", 256): (64, 32, 4, 2),
-        ("forward", "float32", 32): (64, 64, 16, 1),
-        ("forward", "float32", 64): (64, 64, 16, 1),
-        ("forward", "float32", 128): (64, 32, 16, 1),
-        ("forward", "float32", 256): (32, 32, 16, 1),
-        ("backward_kv", "float32", 32): (32, 64, 16, 1),
-        ("backward_kv", "float32", 64): (32, 64, 16, 1),
-        ("backward_kv", "float32", 128): (32, 32, 16, 1),
-        ("backward_kv", "float32", 256): (16, 32, 16, 1),
-        ("backward_dq", "float32", 32): (64, 32, 16, 1),
-        ("backward_dq", "float32", 64): (64, 32, 16, 1),
-        ("backward_dq", "float32", 128): (32, 32, 16, 1),
-        ("backward_dq", "float32", 256): (32, 16, 16, 1),
+        ("forward", "float32", 32): (64, 64, 4, 2),
+        ("forward", "float32", 64): (64, 64, 4, 2),
+        ("forward", "float32", 128): (64, 32, 4, 2),
+        ("forward", "float32", 256): (32, 32, 4, 1),
+        ("backward_kv", "float32", 32): (32, 64, 4, 1),
+        ("backward_kv", "float32", 64): (32, 64, 4, 1),
+        ("backward_kv", "float32", 128): (32, 32, 4, 1),
+        ("backward_kv", "float32", 256): (16, 32, 4, 1),
+        ("backward_dq", "float32", 32): (64, 32, 4, 1),
+        ("backward_dq", "float32", 64): (64, 32, 4, 1),
+        ("backward_dq", "float32", 128): (32, 32, 4, 1),
+        ("backward_dq", "float32", 256): (32, 16, 4, 1),
     }
 )
 
