@@ -254,7 +254,8 @@ def suite(request: pytest.FixtureRequest):
 
 def _shard_dtypes(config: pytest.Config) -> tuple[str, ...]:
     """The dtypes the run draws, one test per dtype (:func:`properties.harness.shards`); none where the
-    kernel cannot run here or has no dtype on the device (its single test is then skipped with the reason)."""
+    kernel cannot run here or has no dtype on the device (its single test is then skipped with the reason)
+    or does not load (the ``suite`` fixture then raises the usage error naming ``--fa2-kernel``)."""
     from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.properties.inputs import drawn_dtypes
     from fa2_verify.verify.registry import load_kernel

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 14's suite timings and issue 11's flex-attention re-run on one GPU, meant to
-# run detached (setsid) across several device calls; the steps of $FA2_STEPS
-# (default "triton flash flex fa4 bench mps"), in that order:
+# Named GPU runs in one sequence, meant to run detached (setsid) across several
+# device calls, each call collecting what is done so far; the steps of $FA2_STEPS
+# (default "triton flash flex fa4 bench mps"), in the order given:
 #   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
 #   flash   the same against torch-flash, one pass;
 #   flex    flex-attention alone, `ci` seed 0 (ci/device-targets.sh);
@@ -11,14 +11,15 @@
 #           (default bench-before: `git archive <commit> fa2_verify | tar -x -C bench-before`);
 #   mps     the triton warm pass again on the cache the triton step left, then torch-flash,
 #           under CUDA MPS.
+#   scale   the scale set against triton, no profile run (ci/device-scale.sh).
 # Suite runs use $FA2_SUITE_WORKERS pytest-xdist workers (default 12) and `--dist worksteal`,
-# as ci/properties.sh does.  Each step writes into $1/<step> (default gpu-out/suite-time)
+# as ci/properties.sh does.  Each step writes into $1/<step> (default gpu-out/steps)
 # and its console into $1/<step>.txt; $1/done is written at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 # shellcheck source=ci/device-common.sh
 source ci/device-common.sh
-out="${1:-gpu-out/suite-time}"
+out="${1:-gpu-out/steps}"
 workers="${FA2_SUITE_WORKERS:-12}"
 before="${FA2_BENCH_BEFORE:-bench-before}"
 mkdir -p "$out"
@@ -43,6 +44,7 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
              "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/mps-flash" \
                  -- --dist worksteal
              echo quit | nvidia-cuda-mps-control ;;
+        scale) FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 bash ci/device-scale.sh "$out/scale" ;;
         *) echo "unknown step $step" ;;
     esac >"$out/$step.txt" 2>&1
     echo "== $step: exit $? ($((SECONDS - start)) s)" >>"$out/steps.txt"
