@@ -151,7 +151,7 @@ def test_never_eager_makes_the_recompile_limit_an_error():
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (-1, 2), (4, -1), (0, 0)])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(7, 12), (12, 7), (9, 9)])
 def test_flex_mask_mod_is_the_bottom_right_window(window, seqlen_q, seqlen_k):
-    mask_mod = flex_attention.window_mask_mod(seqlen_q, seqlen_k, window)
+    mask_mod = flex_attention.window_mask_mod(seqlen_q, seqlen_k, window, torch.device("cpu"))
     q_idx, kv_idx = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
     expected = visible_mask(seqlen_q, seqlen_k, window_size=window)
     assert torch.equal(mask_mod(0, 0, q_idx, kv_idx).expand(seqlen_q, seqlen_k), expected)

@@ -9,12 +9,16 @@ frontend converts its kernels' base-2 LSE back, pytorch/pytorch#133159).  The co
 functions aligned to the bottom-right corner (:func:`window_mask_mod`), turned
 into a ``BlockMask`` by ``create_block_mask``; an unmasked call passes none.
 The function is wrapped in ``torch.compile`` once per process (FlexAttention
-is meant to run compiled; eager runs a slow reference), and the backward is
-its autograd formula on leaf copies of q, k, v, recomputing the forward.
+is meant to run compiled; eager runs a slow reference) with PyTorch's default
+shape handling, as FlexAttention's documentation writes it: a shape's first
+call compiles with static sizes, and a recompile for another size marks that
+size dynamic (automatic dynamic shapes), so later lengths reuse one graph.  The
+backward is its autograd formula on leaf copies of q, k, v, recomputing the
+forward.
 
 Every call runs the compiled kernel or fails (:data:`NEVER_EAGER`): Dynamo
-compiles ``flex_attention`` anew for each shape, dtype and mask, and by
-default, past its recompile limit (8 entries) or on an error it suppresses,
+still compiles ``flex_attention`` anew for each dtype, mask kind, head dim and
+grouping, and by default, past its recompile limit (8 entries) or on an error it suppresses,
 it runs the function eagerly instead, with a warning.  Eager FlexAttention is
 its unfused reference (scores materialized in the input dtype), a different
 kernel with different numerics: a property run draws far more than 8
@@ -45,22 +49,27 @@ from fa2_verify.kernels.autograd import recomputed_gradients
 HEAD_DIMS: tuple[int, ...] = (16, 32, 64, 128)
 
 
-def window_mask_mod(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> Callable:
+def window_mask_mod(seqlen_q: int, seqlen_k: int, window: tuple[int, int], device: torch.device) -> Callable:
     """``mask_mod(b, h, q_idx, kv_idx)``: True where query ``i`` sees key ``j`` under bottom-right alignment.
 
     Query ``i`` sees key ``j`` iff ``i + sk - sq - left <= j <= i + sk - sq + right``
-    (-1: unbounded side), as :func:`core.contract.visible_ranges`.
+    (-1: unbounded side), as :func:`core.contract.visible_ranges`.  The offsets are
+    captured as 0-d tensors on ``device``, as FlexAttention's document masks capture
+    theirs: Dynamo lifts a captured tensor into a graph input, where it would bake a
+    captured int into the graph and compile again for every other value.
     """
-    shift = seqlen_k - seqlen_q
+    shift = torch.tensor(seqlen_k - seqlen_q, device=device)
     left, right = window
+    lower = None if left == UNBOUNDED else torch.tensor(left, device=device)
+    upper = None if right == UNBOUNDED else torch.tensor(right, device=device)
 
     def mask_mod(batch, head, q_idx, kv_idx):
         diagonal = q_idx + shift
         visible = kv_idx >= 0
-        if left != UNBOUNDED:
-            visible = visible & (kv_idx >= diagonal - left)
-        if right != UNBOUNDED:
-            visible = visible & (kv_idx <= diagonal + right)
+        if lower is not None:
+            visible = visible & (kv_idx >= diagonal - lower)
+        if upper is not None:
+            visible = visible & (kv_idx <= diagonal + upper)
         return visible
 
     return mask_mod
@@ -80,7 +89,7 @@ NEVER_EAGER: dict[str, Any] = {
 def _compiled() -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    return torch.compile(flex_attention, fullgraph=True)
 
 
 def _block_mask(seqlen_q: int, seqlen_k: int, window: tuple[int, int], device: torch.device):
@@ -89,7 +98,7 @@ def _block_mask(seqlen_q: int, seqlen_k: int, window: tuple[int, int], device: t
     from torch.nn.attention.flex_attention import create_block_mask
 
     return create_block_mask(
-        window_mask_mod(seqlen_q, seqlen_k, window), B=None, H=None, Q_LEN=seqlen_q, KV_LEN=seqlen_k, device=device
+        window_mask_mod(seqlen_q, seqlen_k, window, device), B=None, H=None, Q_LEN=seqlen_q, KV_LEN=seqlen_k, device=device
     )
 
 
