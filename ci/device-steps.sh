@@ -5,8 +5,9 @@
 #   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
 #   triton-mps  the same under CUDA MPS, as the GPU workflow runs the suite (FA2_MPS=1);
 #   flash   the same against torch-flash, one pass;
-#   flex    flex-attention alone, `ci` seed 0 (ci/device-targets.sh), stopped after
-#           $FA2_FLEX_TIMEOUT seconds (default 400);
+#   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
+#           `ci:0`) on $FA2_FLEX_WORKERS workers (default 16), each stopped after
+#           $FA2_FLEX_TIMEOUT seconds (default 400), GPU memory logged every 15 s;
 #   flexprobe  ci/probe_flex_compile.py: FlexAttention's compiles per shape handling;
 #   fa4     flash-attn-4 alone, `ci` seed 0, installed by ci/install-fa4.sh into $FA2_FA4_SITE
 #           (default /root/site);
@@ -39,8 +40,12 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
              echo quit | nvidia-cuda-mps-control ;;
         flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \
                     -- --dist worksteal ;;
-        flex) FA2_TARGETS=flex-attention FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 \
-                    FA2_TARGET_TIMEOUT="${FA2_FLEX_TIMEOUT:-400}" OMP_NUM_THREADS=1 bash ci/device-targets.sh "$out/flex" ;;
+        flex) nvidia-smi --query-gpu=timestamp,memory.used --format=csv -l 15 >"$out/flex-memory.csv" &
+             monitor=$!
+             FA2_TARGETS=flex-attention FA2_TARGET_RUNS="${FA2_FLEX_RUNS:-ci:0}" \
+                 FA2_TARGET_WORKERS="${FA2_FLEX_WORKERS:-16}" FA2_TARGET_TIMEOUT="${FA2_FLEX_TIMEOUT:-400}" \
+                 OMP_NUM_THREADS=1 bash ci/device-targets.sh "$out/flex"
+             kill "$monitor" ;;
         flexprobe) python3 ci/probe_flex_compile.py --cases "${FA2_FLEX_PROBE_CASES:-16}" --out "$out/flexprobe" ;;
         fa4) PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH" FA2_TARGETS=flash-attn-4 \
                     FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 FA2_TARGET_TIMEOUT=400 OMP_NUM_THREADS=1 \

@@ -20,6 +20,7 @@ import torch
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities, visible_mask
+from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_cudnn, sdpa_ops
 from fa2_verify.kernels.flash_attn_4 import fa4_window
 from fa2_verify.verify.check import check_case
@@ -151,10 +152,32 @@ def test_never_eager_makes_the_recompile_limit_an_error():
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (-1, 2), (4, -1), (0, 0)])
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(7, 12), (12, 7), (9, 9)])
 def test_flex_mask_mod_is_the_bottom_right_window(window, seqlen_q, seqlen_k):
-    mask_mod = flex_attention.window_mask_mod(seqlen_q, seqlen_k, window, torch.device("cpu"))
+    mask_mod = flex_attention.window_mask_mod(seqlen_q, seqlen_k, window)
     q_idx, kv_idx = torch.arange(seqlen_q)[:, None], torch.arange(seqlen_k)[None, :]
     expected = visible_mask(seqlen_q, seqlen_k, window_size=window)
     assert torch.equal(mask_mod(0, 0, q_idx, kv_idx).expand(seqlen_q, seqlen_k), expected)
+
+
+@pytest.mark.parametrize(
+    "seqlen_q, heads_q, heads_kv, declined",
+    [(33, 4, 1, True), (127, 4, 2, True), (65, 2, 1, True), (64, 2, 1, False), (33, 4, 4, False),
+     (127, 4, 4, False), (128, 8, 1, False), (1, 8, 1, False), (16, 8, 1, False), (17, 8, 1, True)],
+)  # fmt: skip
+def test_flex_declines_short_gqa_queries_whose_group_rows_exceed_128(seqlen_q, heads_q, heads_kv, declined):
+    """The probe grid of docs/targets.md: 66 rows compile, 132 do not, 128 queries and up always do."""
+    reason = flex_attention._group_rows_limit(seqlen_q, heads_q, heads_kv)
+    assert (reason is not None) == declined
+    if declined:
+        assert "NoValidChoicesError" in reason and str(heads_q // heads_kv * seqlen_q) in reason
+
+
+def test_flex_forward_declines_before_compiling(monkeypatch):
+    """A declined shape raises UnsupportedCase with the reason, and nothing is compiled."""
+    monkeypatch.setattr(flex_attention.FlexAttention, "unavailable_reason", lambda self: None)
+    monkeypatch.setattr(flex_attention, "_compiled", lambda: pytest.fail("compiled a declined shape"))
+    case = make_case(_spec(backward=False, seqlen_q=40, seqlen_k=40, heads_q=4, heads_kv=1))
+    with pytest.raises(UnsupportedCase, match="4 x 40 = 160"):
+        flex_attention.KERNEL.forward(case.q, case.k, case.v, softmax_scale=0.25)
 
 
 def test_fa4_window_spells_unbounded_as_none():
