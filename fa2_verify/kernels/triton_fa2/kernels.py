@@ -125,11 +125,16 @@ def _tile_ranges(first, last, extent, lower_offset, upper_offset, HAS_LOWER: tl.
 
 @triton.jit
 def _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, CHECK_ROWS: tl.constexpr):
-    """Bool tile: query ``rows[:, None]`` sees key ``cols[None, :]`` (rows past the end only when CHECK_ROWS)."""
-    diagonal = rows[:, None] + shift
-    visible = (cols[None, :] < seqlen_k) & (cols[None, :] >= diagonal - left) & (cols[None, :] <= diagonal + right)
+    """Bool tile: query ``rows`` sees key ``cols`` (rows past the end only when CHECK_ROWS).
+
+    ``rows`` and ``cols`` come expanded to the tile's orientation: ``rows[:, None], cols[None, :]``
+    for a (query, key) tile, ``rows[None, :], cols[:, None]`` for the backward's transposed one,
+    which so gets its mask in the layout of its own scores rather than through a transpose.
+    """
+    diagonal = rows + shift
+    visible = (cols < seqlen_k) & (cols >= diagonal - left) & (cols <= diagonal + right)
     if CHECK_ROWS:
-        visible = visible & (rows[:, None] < seqlen_q)
+        visible = visible & (rows < seqlen_q)
     return visible
 
 
@@ -262,7 +267,7 @@ def _forward_tiles(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs,
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         # Stage 2: online softmax in the log2 domain.
         if MASKED:
-            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, False)
+            visible = _visible(rows[:, None], cols[None, :], seqlen_q, seqlen_k, shift, left, right, False)
             s = tl.where(visible, s * qk_scale, NEG_INF)
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_use = tl.where(m_new == NEG_INF, 0.0, m_new)  # a row with nothing seen yet
@@ -402,7 +407,7 @@ def _backward_kv_tiles(dk, dv, k, v, q_src, do_src, lse_base, delta_base, dq_bas
         s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
-            visible_t = tl.trans(_visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, True))
+            visible_t = _visible(rows[None, :], cols[:, None], seqlen_q, seqlen_k, shift, left, right, True)
             p_t = tl.where(visible_t, p_t, 0.0)
         # Stage 2: dv += p^T dO.
         dout = _tile(do_src, m0, rows, stride_dos, offs_d, seqlen_q, head_dim, MASKED, USE_TMA)
@@ -532,7 +537,7 @@ def _backward_dq_tiles(dq, q, dout, lse2, delta, k_src, v_src, stride_ks, stride
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])
         if MASKED:
-            visible = _visible(rows, cols, seqlen_q, seqlen_k, shift, left, right, False)
+            visible = _visible(rows[:, None], cols[None, :], seqlen_q, seqlen_k, shift, left, right, False)
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(dout, tl.trans(v), input_precision=DOT_PRECISION)
         ds = (p * (dp - delta[:, None])).to(k.dtype)
