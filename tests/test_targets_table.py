@@ -10,16 +10,31 @@ _spec = importlib.util.spec_from_file_location("targets_table", ROOT / "ci" / "t
 targets_table = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(targets_table)
 
-JUNIT = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest">
-<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model"/>
-<testcase classname="fa2_verify.properties.test_golden" name="test_dk_within_error_model">
-<failure message="AssertionError: dk[b=0, i=1, h=0, c=3]: normalized error 1.15 &gt; 1">
-reproduce: fa2-verify repro --kernel sdpa-efficient --case '{"batch": 2}'</failure></testcase>
-<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model">
-<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
-</testsuite></testsuites>
-"""
+NO_LSE = '<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped>'
+
+
+def _case(name: str, body: str = "") -> str:
+    """One ``<testcase>`` of the property suite's JUnit file; ``body`` its failure or skip element."""
+    opening = f'<testcase classname="fa2_verify.properties.test_golden" name="{name}"'
+    return f"{opening}>\n{body}</testcase>" if body else f"{opening}/>"
+
+
+def _junit(*cases: str) -> str:
+    """A JUnit file as pytest writes it, holding ``cases``."""
+    body = "\n".join(cases)
+    header = '<?xml version="1.0" encoding="utf-8"?>\n<testsuites><testsuite name="pytest">'
+    return f"{header}\n{body}\n</testsuite></testsuites>\n"
+
+
+JUNIT = _junit(
+    _case("test_out_within_error_model"),
+    _case(
+        "test_dk_within_error_model",
+        '<failure message="AssertionError: dk[b=0, i=1, h=0, c=3]: normalized error 1.15 &gt; 1">\n'
+        "reproduce: fa2-verify repro --kernel sdpa-efficient --case '{\"batch\": 2}'</failure>",
+    ),
+    _case("test_lse_within_error_model", NO_LSE),
+)
 
 
 def test_each_outcome_gets_its_cell(tmp_path):
@@ -35,7 +50,7 @@ def test_each_outcome_gets_its_cell(tmp_path):
 def test_a_property_one_run_lacks_is_not_run(tmp_path):
     first, second = tmp_path / "properties-a-ci-0.xml", tmp_path / "properties-b-ci-0.xml"
     first.write_text(JUNIT)
-    second.write_text(JUNIT.replace('<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model"/>', ""))
+    second.write_text(JUNIT.replace(_case("test_out_within_error_model"), ""))
     rows = targets_table.table([first, second]).splitlines()
     assert rows[0] == "| property | a-ci-0 | b-ci-0 |"
     assert "| `test_out_within_error_model` | pass | not run |" in rows
@@ -56,19 +71,17 @@ def test_a_reproduction_that_names_its_device_is_kept_whole(tmp_path):
     assert "`fa2-verify repro --kernel sdpa-efficient --device cuda --case '{\"batch\": 2}'`" in cell
 
 
-SHARDED = """<?xml version="1.0" encoding="utf-8"?>
-<testsuites><testsuite name="pytest">
-<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model[float16]"/>
-<testcase classname="fa2_verify.properties.test_golden" name="test_out_within_error_model[bfloat16]"/>
-<testcase classname="fa2_verify.properties.test_golden" name="test_dq_within_error_model[float16]"/>
-<testcase classname="fa2_verify.properties.test_golden" name="test_dq_within_error_model[bfloat16]">
-<failure message="PropertyFailure: dq (bfloat16) mismatches the golden">x</failure></testcase>
-<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model[float16]">
-<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
-<testcase classname="fa2_verify.properties.test_golden" name="test_lse_within_error_model[bfloat16]">
-<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped></testcase>
-</testsuite></testsuites>
-"""
+SHARDED = _junit(
+    _case("test_out_within_error_model[float16]"),
+    _case("test_out_within_error_model[bfloat16]"),
+    _case("test_dq_within_error_model[float16]"),
+    _case(
+        "test_dq_within_error_model[bfloat16]",
+        '<failure message="PropertyFailure: dq (bfloat16) mismatches the golden">x</failure>',
+    ),
+    _case("test_lse_within_error_model[float16]", NO_LSE),
+    _case("test_lse_within_error_model[bfloat16]", NO_LSE),
+)
 
 
 def test_a_property_tested_per_dtype_gets_one_cell(tmp_path):
