@@ -64,6 +64,10 @@ BAD_OPTIONS = {
         "--fa2-kernel=tests.test_registry:INTERRUPTED_UNAVAILABLE_REASON", "unavailable_reason() raised KeyboardInterrupt"
     ),
     "config-exit": ("--fa2-kernel=tests.test_registry:EXITING_CONFIG", "config() raised SystemExit: 0"),
+    "empty-kernel": ("--fa2-kernel=", "--fa2-kernel=: unknown kernel ''"),
+    "empty-profile": ("--fa2-profile=", "--fa2-profile=: not a profile"),
+    "empty-examples-dir": ("--fa2-examples-dir=", "--fa2-examples-dir=: names no directory"),
+    "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
 }
 
 
@@ -73,6 +77,22 @@ def test_bad_option_values_are_usage_errors(run, pytester, option, message):
     result = run(option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
+
+
+def test_an_empty_device_is_a_usage_error_not_the_default(run, pytester):
+    """``--fa2-device "$UNSET"`` in a CI script names no device: it must not run on the default cpu."""
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    result = run("--fa2-kernel=reference", "--fa2-device=")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--fa2-device=: not a device*"])
+
+
+def test_the_property_suite_without_a_kernel_is_an_error_naming_the_flag(run):
+    """Without --fa2-kernel nothing is verified: no property passes on a kernel the user did not name."""
+    result = run("--pyargs", "fa2_verify.properties", "--collect-only", "-q")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["the property suite needs --fa2-kernel=NAME|module:attr*"])
+    assert "test_out_within_error_model" not in result.stdout.str()
 
 
 def test_a_module_that_exits_on_import_is_a_usage_error(run, pytester):
@@ -241,6 +261,14 @@ def test_plugin_is_inert_in_other_test_suites(run, pytester):
     assert "fa2-verify property suite" not in result.stdout.str()
 
 
+def test_the_plugin_fixture_does_not_answer_another_suites_fixture_name(run, pytester):
+    """A test of another suite asking for a ``suite`` it never defined gets pytest's "not found", not ours."""
+    pytester.makepyfile(test_theirs="def test_theirs(suite):\n    pass\n")
+    result = run()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*fixture 'suite' not found*"])
+
+
 def test_a_suite_with_its_own_device_and_kernel_options_still_starts(run, pytester):
     """The plugin's options are namespaced (``--fa2-*``), so a conftest may define ``--device`` and ``--kernel``."""
     pytester.makeconftest(
@@ -334,7 +362,8 @@ def test_shards_split_the_budget_and_draw_apart():
 
 def test_each_dtype_is_a_test_of_its_own(run):
     """The shards are collected as ``test_<property>[<dtype>]``, in the order of --fa2-dtypes."""
-    result = run("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model", "--fa2-dtypes=float64,float32",
+    result = run("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model", "--fa2-kernel=reference",
+                 "--fa2-dtypes=float64,float32",
                  "--collect-only", "-q")  # fmt: skip
     result.stdout.fnmatch_lines(
         ["*test_golden.py::test_out_within_error_model[[]float64[]]", "*test_golden.py::test_out_within_error_model[[]float32[]]"]

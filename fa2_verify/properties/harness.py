@@ -90,20 +90,27 @@ def shards(prop: Property, profile: profiles.Profile, dtypes: tuple[str, ...], r
 
 
 def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callable:
-    """``prop``'s ``shard`` as a pytest test taking the ``suite`` fixture: Hypothesis draws ``data`` under
-    ``test_settings`` with the shard's budget and seed; the plugin makes the suite draw the shard's dtype.
+    """``prop``'s ``shard`` as a pytest test taking the plugin's ``fa2_suite`` fixture: Hypothesis draws
+    ``data`` under ``test_settings`` with the shard's budget and seed; the plugin makes the suite draw the
+    shard's dtype.
 
     Each example ends with :meth:`Suite.finished`, however it ends, so the
-    case it announced is withdrawn (:mod:`properties.inflight`).
+    case it announced is withdrawn (:mod:`properties.inflight`).  The test
+    takes the declaration's name and docstring but not its signature
+    (``__wrapped__`` is dropped): pytest and Hypothesis read the arguments
+    through ``__wrapped__``, and the declaration's ``suite`` is not the
+    fixture's name (the plugin loads into every pytest run, so its fixture
+    is prefixed like its options).
     """
 
-    @functools.wraps(prop.check)
-    def example(suite: Suite, data: st.DataObject) -> None:
+    def example(fa2_suite: Suite, data: st.DataObject) -> None:
         try:
-            prop.check(suite, data)
+            prop.check(fa2_suite, data)
         finally:
-            suite.finished()
+            fa2_suite.finished()
 
+    functools.update_wrapper(example, prop.check, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+    del example.__wrapped__
     test = settings(test_settings, max_examples=shard.max_examples)(given(data=st.data())(example))
     if shard.seed is not None:
         test = hypothesis_seed(shard.seed)(test)

@@ -4,9 +4,16 @@
 runs every property test against one kernel target (``--fa2-dtypes`` limits
 the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 
-* Options live in one group, ``fa2-verify``; a bad value is a
-  ``pytest.UsageError`` naming the flag.  They are checked (and the kernel
-  loaded) at startup only when given, so other test suites pay nothing.
+* Options live in one group, ``fa2-verify``; a bad value (an empty one
+  included) is a ``pytest.UsageError`` naming the flag.  They are checked
+  (and the kernel loaded) at startup only when given, so other test suites
+  pay nothing.  ``--fa2-kernel`` has no default: without it a property test
+  is a collection error naming the flag, never a pass on a kernel nobody
+  named, and ``--fa2-device``/``--fa2-dtypes`` without it are usage errors.
+* Everything the plugin adds to a pytest run is prefixed (``--fa2-*``
+  options, the ``fa2_property`` marker, the ``fa2_suite`` fixture): it loads
+  into every pytest run of the environment, and must not shadow a name of
+  another test suite.
 * With pytest-xdist on CUDA, worker ``gwI`` runs on ``cuda:(I mod GPUs)``
   (:func:`worker_device`): ``-n <number of GPUs>`` gives each worker its own
   GPU, and a multiple of it several workers per GPU.
@@ -44,8 +51,9 @@ from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 
 EXAMPLES_DIR = ".fa2-examples"
-DEFAULT_KERNEL = "reference"
 DEFAULT_DEVICE = "cpu"
+#: The property tests run only on a kernel named on the command line: never on a default the user did not ask for.
+KERNEL_REQUIRED = "--fa2-kernel=NAME|module:attr, the kernel under test (e.g. --fa2-kernel=reference)"
 MARKER = "fa2_property"
 THREADS_ENV = "OMP_NUM_THREADS"
 #: The key of the session's in-flight directory in an xdist worker's ``workerinput``.
@@ -64,8 +72,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--fa2-kernel",
         default=None,
         metavar="NAME",
-        help=f"kernel under test: a bundled name (reference, torch-flash, triton, flash-attn) or module:attr "
-        f"(default {DEFAULT_KERNEL})",
+        help="kernel under test: a bundled name (reference, torch-flash, triton, flash-attn) or module:attr "
+        "(required to run the property tests)",
     )
     group.addoption(
         "--fa2-device",
@@ -133,18 +141,30 @@ def pytest_configure(config: pytest.Config) -> None:
         f"{MARKER}(requires=()): a property test of fa2-verify, skipped as unsupported when the kernel lacks "
         "a required capability",
     )
-    profile_name = config.getoption("fa2_profile") or "dev"
+    profile_name = config.getoption("fa2_profile")
+    profile_name = "dev" if profile_name is None else profile_name
     if profile_name not in profiles.PROFILES:
         raise _usage("--fa2-profile", profile_name, f"not a profile: use one of {', '.join(profiles.PROFILES)}")
     examples = config.getoption("fa2_examples_dir")
-    database_dir = pathlib.Path(examples) if examples else config.rootpath / EXAMPLES_DIR
-    kernel_name = config.getoption("fa2_kernel") or DEFAULT_KERNEL
-    device = config.getoption("fa2_device") or DEFAULT_DEVICE
+    if examples == "":
+        raise _usage("--fa2-examples-dir", examples, "names no directory: pass a directory, or leave the option out")
+    database_dir = pathlib.Path(examples) if examples is not None else config.rootpath / EXAMPLES_DIR
+    kernel_name = config.getoption("fa2_kernel")
+    device_option = config.getoption("fa2_device")
     dtypes_option = config.getoption("fa2_dtypes")
     dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
-    if any(config.getoption(name) is not None for name in ("fa2_kernel", "fa2_device", "fa2_dtypes")):
+    if kernel_name is None:
+        alone = next(
+            (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option)) if value is not None),
+            None,
+        )
+        if alone is not None:
+            raise pytest.UsageError(f"{alone} needs {KERNEL_REQUIRED}")
+        device = DEFAULT_DEVICE
+    else:
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
+        device = DEFAULT_DEVICE if device_option is None else device_option
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
     config.stash[_options_key] = {
         "kernel": kernel_name,
@@ -230,8 +250,9 @@ def _validate_target(
 
 
 @pytest.fixture(scope="session")
-def suite(request: pytest.FixtureRequest):
-    """The :class:`properties.session.Suite` of this run: kernel, device, profile, golden options."""
+def fa2_suite(request: pytest.FixtureRequest):
+    """The :class:`properties.session.Suite` of this run: kernel, device, profile, golden options (every
+    property test takes it, :func:`properties.harness.build_test`)."""
     from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
     from fa2_verify.properties.session import Suite
     from fa2_verify.core.errors import Fa2VerifyError
@@ -279,6 +300,8 @@ def pytest_pycollect_makeitem(collector: pytest.Collector, name: str, obj: objec
     from fa2_verify.properties.harness import build_test, shards
 
     options = collector.config.stash[_options_key]
+    if options["kernel"] is None:
+        raise collector.CollectError(f"the property suite needs {KERNEL_REQUIRED}")
     if _dtypes_key not in collector.config.stash:
         collector.config.stash[_dtypes_key] = _shard_dtypes(collector.config)
     profile = profiles.get(options["profile"])
@@ -300,7 +323,7 @@ def pytest_runtest_setup(item: pytest.Item):
     if _is_property(item):
         from fa2_verify.properties.harness import missing_requirement
 
-        reason = missing_requirement(item.obj.fa2_property, item.funcargs["suite"])
+        reason = missing_requirement(item.obj.fa2_property, item.funcargs["fa2_suite"])
         if reason is not None:
             item.user_properties.append((_UNSUPPORTED, reason))
             pytest.skip(f"unsupported: {reason}")
@@ -311,7 +334,7 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_runtest_call(item: pytest.Item):
     if not _is_property(item):
         return (yield)
-    suite = item.funcargs["suite"]
+    suite = item.funcargs["fa2_suite"]
     suite.test = item.name
     suite.dtype = item.obj.fa2_dtype
     suite.take_observations()
