@@ -46,7 +46,12 @@ def test_a_passing_kernel_exits_0(tmp_path, monkeypatch, pytestconfig):
     assert main(["suite", "--kernel", "reference", "--profile", "ci", "--", "-q", "-p", "no:cacheprovider", "-k", "lse_within"]) == 0
 
 
-@pytest.mark.parametrize("pytest_status, status", [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2)])
-def test_pytest_statuses_map_to_pass_fail_or_error(monkeypatch, pytest_status, status):
+@pytest.mark.parametrize("pytest_status, status", [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2), (-11, 2)])
+def test_pytest_statuses_map_to_pass_fail_or_error(monkeypatch, capfd, pytest_status, status):
     monkeypatch.setattr(suite.subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, pytest_status))
     assert main(["suite", "--kernel", "reference"]) == status
+    err = capfd.readouterr().err
+    if status == 2:
+        assert err.count("\n") == 1 and f"pytest exited with status {pytest_status} (" in err and "nothing was verified" in err
+    else:
+        assert err == ""

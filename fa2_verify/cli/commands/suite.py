@@ -7,7 +7,8 @@ every argument after ``--`` goes to pytest unchanged, e.g. ``-n 2`` or
 cache (``.fa2-golden-cache``) and the example database (``.fa2-examples``)
 land there.  Exit status: 0 when every property held, 1 when one failed,
 2 for a usage error or anything else pytest reports (interrupted, internal
-error, no test collected).
+error, no test collected), with one line naming pytest's status, since
+nothing was verified.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pathlib
 import subprocess
 import sys
 
+from fa2_verify.core.errors import Fa2VerifyError
 from fa2_verify.properties import profiles
 
 #: pytest exit codes that mean "the kernel passed" and "the kernel failed".
@@ -51,6 +53,13 @@ def pytest_arguments(args) -> list[str]:
     return command + list(args.pytest_args)
 
 
+#: What pytest's other exit statuses mean (``pytest.ExitCode``), for the one-line error.
+_PYTEST_STATUSES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error", 5: "no tests collected"}
+
+
 def handle(args) -> int:
     status = subprocess.run([sys.executable, "-m", "pytest", *pytest_arguments(args)], check=False).returncode
-    return status if status in (_PASSED, _FAILED) else 2
+    if status in (_PASSED, _FAILED):
+        return status
+    meaning = _PYTEST_STATUSES.get(status, f"killed by signal {-status}" if status < 0 else "unknown status")
+    raise Fa2VerifyError(f"pytest exited with status {status} ({meaning}): nothing was verified; its output above says why")
