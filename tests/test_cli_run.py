@@ -244,6 +244,24 @@ def test_cuda_without_a_gpu_is_one_line_exit_2():
     assert stderr.count("\n") == 1 and "--device=cuda: no CUDA device is visible" in stderr
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [((), "fa2-verify: error: the following arguments are required: COMMAND (see fa2-verify --help)"),
+     (("run",), "fa2-verify run: error: the following arguments are required: --kernel"),
+     (("run", "--kernel", "reference", "--cases", "big"), "fa2-verify run: error: argument --cases: invalid choice: 'big'"),
+     (("gate", "--kernel", "reference", "--baseline", "b.json", "--relative-margin", "abc"),
+      "fa2-verify gate: error: argument --relative-margin: invalid float value: 'abc'"),
+     (("corpus",), "fa2-verify corpus: error: the following arguments are required: ACTION")],
+    ids=["no-command", "missing-kernel", "bad-choice", "not-a-number", "no-action"],
+)
+def test_a_malformed_command_line_is_one_line_exit_2(capsys, argv, message):
+    """argparse's errors too: one line naming the argument, never its usage block."""
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    stderr = capsys.readouterr().err
+    assert exited.value.code == 2 and stderr.count("\n") == 1 and stderr.startswith(message)
+
+
 def test_bad_device_is_one_line_exit_2():
     code, _, stderr = _cli("run", "--kernel", "reference", "--device", "gpu0")
     assert code == 2 and stderr.count("\n") == 1 and "--device='gpu0' is not a device" in stderr

@@ -35,8 +35,20 @@ COMMAND_MODULES: tuple[str, ...] = (
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser, reporting a bad argument in one line (status 2, as every usage error here).
+
+    argparse prints its whole usage block before the error; the usage is what
+    ``--help`` is for, so the one line names the problem and points there.
+    Subcommand parsers are of the same class (``add_subparsers`` makes them so).
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="fa2-verify",
         description="Verify FlashAttention-2 kernels against a high-precision mpmath golden.",
     )
