@@ -40,6 +40,15 @@ BAD_CAPABILITIES = {
     "dtypes-as-string": ({**CPU_FLOAT32, "dtypes": {"cpu": "float32"}}, "dtypes['cpu']='float32' is not valid"),
     "dtypes-as-int": ({**CPU_FLOAT32, "dtypes": {"cpu": 16}}, "dtypes['cpu']=16 is not valid"),
     "device-head-dims-as-list": ({**CPU_FLOAT32, "device_head_dims": [64]}, "device_head_dims=[64] is not valid"),
+    "dtypes-of-no-device-type": (
+        {**CPU_FLOAT32, "dtypes": {"gpu": ["float16"]}}, "dtypes has the key 'gpu', not a device type: use cpu or cuda"
+    ),
+    "dtypes-of-a-device-index": (
+        {**CPU_FLOAT32, "dtypes": {"cuda:0": ["float16"]}}, "dtypes has the key 'cuda:0', not a device type"
+    ),
+    "head-dims-of-no-device-type": (
+        {**CPU_FLOAT32, "device_head_dims": {"GPU": [64]}}, "device_head_dims has the key 'GPU', not a device type"
+    ),
     "head-dims-as-int": ({**CPU_FLOAT32, "head_dims": 16}, "head_dims=16 is not valid: use a list of integers"),
     "no-head-dims": ({**CPU_FLOAT32, "head_dims": []}, "head_dims=() is not valid: list at least one"),
     "flag-as-string": ({**CPU_FLOAT32, "causal": "yes"}, "causal='yes' is not valid: use true or false"),

@@ -35,6 +35,9 @@ UNBOUNDED = -1
 #: Why an LSE property or output is not checked for a kernel declaring ``lse=False``.
 NO_LSE_REASON = "kernel provides no LSE"
 
+#: The device types fa2-verify drives; the keys of ``Capabilities.dtypes`` and ``device_head_dims``.
+DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
+
 DTYPES: Mapping[str, torch.dtype] = {
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -115,6 +118,19 @@ def _int_tuple(name: str, value: object, *, minimum: int) -> tuple[int, ...]:
     return items
 
 
+def _check_device_type(name: str, device: object) -> str:
+    """``device`` if it is a device type fa2-verify drives (a key of ``dtypes``, ``device_head_dims``).
+
+    A key like ``"gpu"`` or ``"cuda:0"`` would never match the device a case
+    runs on (looked up by its type), and would declare nothing in silence.
+    """
+    if device not in DEVICE_TYPES:
+        raise UsageError(
+            f"capabilities {name} has the key {device!r}, not a device type: use {' or '.join(DEVICE_TYPES)}"
+        )
+    return device
+
+
 def _sides(value: object) -> tuple[int, int]:
     """``seqlen_multiple_of`` as (q, k): an int for both sides, or per side as ``{"q": m, "k": n}`` or ``(m, n)``."""
     fix = 'use an integer >= 1 for both sides, or {"q": m, "k": n}'
@@ -180,6 +196,7 @@ class Capabilities:
             raise _fail("dtypes", self.dtypes, 'map a device type to dtype names, e.g. {"cuda": ["float16"]}')
         dtypes = {}
         for device, names in self.dtypes.items():
+            _check_device_type("dtypes", device)
             if not isinstance(names, (list, tuple)) or not all(name in DTYPES for name in names):
                 raise _fail(f"dtypes[{device!r}]", names, f"use a list of names from {', '.join(DTYPES)}")
             dtypes[device] = tuple(names)
@@ -190,7 +207,7 @@ class Capabilities:
         if not isinstance(self.device_head_dims, Mapping):
             raise _fail("device_head_dims", self.device_head_dims, 'map a device type to head dims, e.g. {"cuda": [64]}')
         device_head_dims = {
-            device: _int_tuple(f"device_head_dims[{device!r}]", dims, minimum=1)
+            _check_device_type("device_head_dims", device): _int_tuple(f"device_head_dims[{device!r}]", dims, minimum=1)
             for device, dims in self.device_head_dims.items()
         }
         object.__setattr__(self, "device_head_dims", device_head_dims)

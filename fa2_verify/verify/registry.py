@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.contract import DEVICE_TYPES, Capabilities
 from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError, UsageError
 from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
 
@@ -101,8 +101,8 @@ class LoadedKernel:
 def device_unavailable_reason(device_type: str) -> str | None:
     if device_type == "cuda" and not torch.cuda.is_available():
         return "no CUDA device is visible (torch.cuda.is_available() is False)"
-    if device_type not in ("cpu", "cuda"):
-        return f"device={device_type} is not one fa2-verify drives (use cpu or cuda)"
+    if device_type not in DEVICE_TYPES:
+        return f"device={device_type} is not one fa2-verify drives (use {' or '.join(DEVICE_TYPES)})"
     return None
 
 
