@@ -316,6 +316,37 @@ def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+TINY_CORPUS = {
+    "schema_version": 1,
+    "corpus_version": 1,
+    "cases": [
+        {"batch": 1, "seqlen_q": 3, "seqlen_k": 5, "heads_q": 1, "heads_kv": 1, "head_dim": 32, "dtype": dtype,
+         "backward": False, "name": f"tiny-{dtype}"}
+        for dtype in ("float16", "float32")
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "dtypes, message",
+    [("float16", "--kernel=tests.test_cli_run:FLOAT32_ONLY ran none of the 1 corpus cases of float16 on --device=cpu "
+                 "(dtype=float16 is not supported on cpu (supported: ['float32'])): nothing was verified"),
+     ("float16,float32", "--dtypes=float16,float32: --kernel=tests.test_cli_run:FLOAT32_ONLY ran no corpus case of "
+                         "float16 on --device=cpu (dtype=float16 is not supported on cpu")],
+    ids=["nothing-ran", "a-named-dtype-did-not-run"],
+)
+def test_a_baseline_of_a_dtype_that_did_not_run_is_refused_and_not_written(tmp_path, capsys, dtypes, message):
+    """A dtype named by --dtypes that the kernel does not run was asked for and not verified: one line, exit 2."""
+    corpus, out = tmp_path / "corpus.json", tmp_path / "b.json"
+    corpus.write_text(json.dumps(TINY_CORPUS))
+    argv = ["baseline", "--kernel", "tests.test_cli_run:FLOAT32_ONLY", "--corpus", str(corpus), "--out", str(out)]
+    assert cli.main([*argv, "--dtypes", dtypes]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "no baseline written" in err
+    assert not out.exists()
+    assert cli.main(argv) == 0 and out.exists(), "without --dtypes an unsupported dtype is recorded as unsupported"
+
+
 def test_a_baseline_directory_or_unwritable_output_is_named_before_any_case_runs(tmp_path, capsys):
     assert cli.main(["gate", "--kernel", "reference", "--baseline", str(tmp_path)]) == 2
     err = capsys.readouterr().err

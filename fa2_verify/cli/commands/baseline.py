@@ -8,7 +8,9 @@ gate adds to its margin (for kernels whose results vary from run to run, such
 as a backward with atomic dQ accumulation).  Exit status: 0 once written, 2 for
 bad arguments or an ``--out`` that cannot be written (checked before any case
 runs: it exists without ``--overwrite``, is a directory, or its parent is not a
-writable directory).
+writable directory), and 2 without writing anything when no corpus case ran
+(all unsupported, or all errors) or when no case ran of a dtype that
+``--dtypes`` names.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from fa2_verify.golden.options import CACHE_ENV, DEFAULT_CACHE_DIR, GoldenOption
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.cli.commands.corpus import add_corpus_option
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
-from fa2_verify.verify.corpus import load_corpus
+from fa2_verify.verify.corpus import Corpus, load_corpus
 from fa2_verify.core.errors import UsageError
 from fa2_verify.verify.atomic import check_writable
 
@@ -101,5 +103,35 @@ def handle(args) -> int:
     )
     if statuses.count("failed") or statuses.count("error"):
         print("note: the gate flags only new failures; the failing cases above are recorded as they are")
+    require_measured(baseline, args, corpus)
     print(f"wrote {baselines.write_baseline(baseline, args.out, overwrite=args.overwrite)}")
     return 0
+
+
+def require_measured(baseline: baselines.Baseline, args, corpus: Corpus) -> None:
+    """Refuse (one line, nothing written) a baseline that measured nothing, or nothing of a dtype that
+    ``--dtypes`` asked for: the gate would have nothing to hold the kernel to there.
+
+    Without ``--dtypes`` a dtype the kernel does not run is recorded as unsupported
+    (the gate then notices the capability if it appears or disappears); named
+    explicitly, it was asked for and not verified.
+    """
+    measured = {dtype for dtype, _, _ in baseline.groups}
+    if not measured:
+        raise UsageError(
+            f"--kernel={args.kernel} ran none of the {len(baseline.cases)} corpus cases of "
+            f"{','.join(baseline.dtypes)} on --device={args.device} ({_reasons(baseline, set(baseline.cases))}): "
+            "nothing was verified, no baseline written"
+        )
+    unmeasured = [dtype for dtype in baseline.dtypes if dtype not in measured]
+    if args.dtypes is not None and unmeasured:
+        names = {spec.name for spec in corpus.cases if spec.dtype in unmeasured}
+        raise UsageError(
+            f"--dtypes={args.dtypes}: --kernel={args.kernel} ran no corpus case of {','.join(unmeasured)} on "
+            f"--device={args.device} ({_reasons(baseline, names)}): leave it out of --dtypes; no baseline written"
+        )
+
+
+def _reasons(baseline: baselines.Baseline, names: set[str]) -> str:
+    """The distinct reasons why the cases ``names`` of ``baseline`` gave no measurement, joined."""
+    return "; ".join(sorted({case.reason or case.status for name, case in baseline.cases.items() if name in names}))
