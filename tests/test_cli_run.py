@@ -207,6 +207,18 @@ def test_run_case_reruns_the_named_cases_alone_in_set_order():
     assert stderr.splitlines() == [f"fa2-verify: running case 1 of 2: {second}", f"fa2-verify: running case 2 of 2: {first}"]
 
 
+def test_run_case_naming_an_unsupported_case_is_not_a_pass():
+    """Asked for by name and not verified: exit 2 naming the case and the reason, though the other case passed."""
+    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:FLOAT32_ONLY", "--case", "fp16-causal",
+                                "--case", "fp32-causal")  # fmt: skip
+    assert code == 2 and "1 passed, 0 failed, 0 errors, 1 unsupported" in stdout
+    assert stderr.splitlines()[-1] == (
+        "fa2-verify: error: --case=fp16-causal: --kernel=tests.test_cli_run:FLOAT32_ONLY does not support it on "
+        "--device=cpu (dtype=float16 is not supported on cpu (supported: ['float32'])): a case named by --case was "
+        "not verified"
+    )
+
+
 def test_run_case_with_an_unknown_name_lists_the_names_in_one_line():
     code, stdout, stderr = _cli("run", "--kernel", "reference", "--case", FIXED_CASES[0].name, "--case", "fp16-nothing")
     assert code == 2 and stdout == "" and stderr.count("\n") == 1

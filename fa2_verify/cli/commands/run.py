@@ -22,8 +22,10 @@ bad arguments, an unknown kernel or one whose hooks raise, a missing device,
 a ``--case`` that names no case of the set (the message lists the names), an
 output path that cannot be written (checked before any case runs: an
 existing report without ``--overwrite``, a directory, a parent that is not a
-writable directory), or when no case of the set is supported (nothing
-verified).
+writable directory), when no case of the set is supported (nothing
+verified), or when a case named by ``--case`` is unsupported (it was asked
+for and not verified; without ``--case`` an unsupported case is a row of
+the table, never a pass).
 """
 
 from __future__ import annotations
@@ -234,5 +236,11 @@ def handle(args) -> int:
         raise UsageError(
             f"--kernel={args.kernel} supports none of the {len(run.cases)} {args.cases} cases on --device={args.device}: "
             "nothing was verified"
+        )
+    unsupported = next((case for case in run.cases if case.status == "unsupported"), None)
+    if args.case_names and unsupported is not None:
+        raise UsageError(
+            f"--case={case_label(unsupported.spec)}: --kernel={args.kernel} does not support it on "
+            f"--device={args.device} ({unsupported.reason}): a case named by --case was not verified"
         )
     return 0
