@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from fa2_verify.core.errors import ReportError
-from fa2_verify.verify.atomic import check_writable, write_text_atomic
+from fa2_verify.verify.atomic import check_outputs, check_writable, write_text_atomic
 
 
 @pytest.fixture
@@ -55,3 +55,17 @@ def test_a_missing_directory_is_created(tmp_path):
     target = check_writable(tmp_path / "new" / "deeper" / "report.json", overwrite=False, flag="--report")
     assert not target.parent.exists()
     assert write_text_atomic(target, "text", overwrite=False, flag="--report").read_text() == "text"
+
+
+def test_two_outputs_naming_one_file_are_refused_even_with_overwrite(tmp_path):
+    """The second write would replace the first: --overwrite allows replacing old files, not a fresh output."""
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ReportError) as info:
+        check_outputs(
+            {"--report": tmp_path / "r.json", "--out": None, "--markdown": tmp_path / "sub" / ".." / "r.json"},
+            overwrite=True,
+        )
+    assert str(info.value) == (
+        f"--report={tmp_path}/r.json and --markdown={tmp_path}/sub/../r.json name the same file: choose different paths"
+    )
+    check_outputs({"--report": tmp_path / "r.json", "--markdown": tmp_path / "r.md"}, overwrite=False)

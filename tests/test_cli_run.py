@@ -191,6 +191,13 @@ def test_unwritable_output_is_refused_before_any_case_runs(tmp_path, option, mak
     assert stderr.count("\n") == 1 and f"{option}=" in stderr and message in stderr
 
 
+def test_report_and_markdown_naming_one_file_are_refused_before_any_case_runs(tmp_path):
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--report", str(tmp_path),
+                                "--markdown", str(tmp_path / "tolerance.json"), "--overwrite")  # fmt: skip
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1 and "name the same file" in stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_ctrl_c_during_a_kernel_stops_the_run_with_status_130():
     code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
     assert code == 130 and "passed" not in stdout

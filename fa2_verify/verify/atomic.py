@@ -1,7 +1,8 @@
 """Atomic report writes (:func:`core.atomic.write_bytes_atomic`), with report errors a user can act on.
 
 :func:`check_writable` is called on every output path before any work
-starts, so a run never ends in a report it cannot write.
+starts (:func:`check_outputs` for the several outputs of one command, which
+must also be distinct files), so a run never ends in a report it cannot write.
 :func:`write_text_atomic` checks again and writes; an existing report is never
 clobbered unless overwriting was asked for.
 """
@@ -46,6 +47,22 @@ def check_writable(path: str | os.PathLike[str], *, overwrite: bool, flag: str) 
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ReportError(f"{flag}={target} cannot be written: no write permission in {ancestor}")
     return target
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike[str] | None], *, overwrite: bool) -> None:
+    """:func:`check_writable` on each output path given (``{flag: path}``, ``None`` for an output not asked
+    for), and no two of them the same file: the second write would replace the first, which was not asked
+    for even with ``--overwrite``."""
+    seen: dict[pathlib.Path, tuple[str, pathlib.Path]] = {}
+    for flag, path in outputs.items():
+        if path is None:
+            continue
+        target = check_writable(path, overwrite=overwrite, flag=flag)
+        resolved = target.resolve()
+        if resolved in seen:
+            first_flag, first = seen[resolved]
+            raise ReportError(f"{first_flag}={first} and {flag}={target} name the same file: choose different paths")
+        seen[resolved] = (flag, target)
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: bool, flag: str) -> pathlib.Path:

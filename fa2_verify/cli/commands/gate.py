@@ -17,7 +17,7 @@ import pathlib
 
 from fa2_verify.verify import baseline as baselines
 from fa2_verify.verify import gate
-from fa2_verify.verify.atomic import check_writable, write_text_atomic
+from fa2_verify.verify.atomic import check_outputs, write_text_atomic
 from fa2_verify.cli.commands.baseline import add_corpus_arguments, golden_options, parse_dtypes
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import load_corpus
@@ -89,9 +89,7 @@ def margins(args) -> gate.Margins:
 
 def handle(args) -> int:
     chosen_margins = margins(args)
-    for path, flag in ((args.out, "--out"), (args.markdown, "--markdown")):
-        if path is not None:
-            check_writable(path, overwrite=args.overwrite, flag=flag)
+    check_outputs({"--out": args.out, "--markdown": args.markdown}, overwrite=args.overwrite)
     baseline = baselines.load_baseline(args.baseline)
     corpus = load_corpus(args.corpus)
     dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))

@@ -35,7 +35,7 @@ import sys
 
 import torch
 
-from fa2_verify.verify.atomic import check_writable, write_text_atomic
+from fa2_verify.verify.atomic import check_outputs, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
@@ -205,10 +205,7 @@ def summary(run: RunResult) -> str:
 
 def handle(args) -> int:
     report = args.report / REPORT_NAME if args.report is not None else None
-    if report is not None:
-        check_writable(report, overwrite=args.overwrite, flag="--report")
-    if args.markdown is not None:
-        check_writable(args.markdown, overwrite=args.overwrite, flag="--markdown")
+    check_outputs({"--report": report, "--markdown": args.markdown}, overwrite=args.overwrite)
     kernel = resolve_target(args.kernel, args.device)
     whole_set = case_set(args.cases, args.device)
     specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
