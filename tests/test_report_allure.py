@@ -97,13 +97,70 @@ def test_with_an_allure_listener_labels_and_attachments_are_recorded_once(monkey
 
 
 def test_generate_html_refuses_missing_results_and_existing_output(tmp_path, allure_results):
+    (tmp_path / "empty").mkdir()
     with pytest.raises(UsageError, match="holds no Allure results"):
-        allure_report.generate_html(tmp_path / "nothing", tmp_path / "report")
+        allure_report.generate_html(tmp_path / "empty", tmp_path / "report")
     occupied = tmp_path / "report"
     occupied.mkdir()
     (occupied / "index.html").write_text("old")
     with pytest.raises(ReportError, match="is not empty: pass --overwrite"):
         allure_report.generate_html(allure_results, occupied)
+
+
+FAKE_ALLURE_3 = """#!/bin/sh
+if [ "$1" = --version ]; then echo 3.0.0; exit 0; fi
+if [ -n "$FAKE_ALLURE_FAILS" ]; then echo "it broke" >&2; exit 3; fi
+mkdir -p "$4" && echo new > "$4/index.html"
+"""
+
+
+@pytest.fixture
+def fake_allure(tmp_path, monkeypatch) -> str:
+    """An executable that answers ``--version`` as Allure 3 and ``generate R --output O`` with ``O/index.html``."""
+    fake = tmp_path / "fake-allure"
+    fake.write_text(FAKE_ALLURE_3)
+    fake.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a-result.json").write_text("{}")
+    return str(fake)
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [("results", "--out=results holds results=results: replacing it would delete it"),
+     (".", "--out=. holds results=results: replacing it"),
+     ("a-file", "--out=a-file is a file: name a directory")],
+    ids=["the-results", "an-ancestor-of-the-results", "a-file"],
+)
+def test_generate_html_refuses_an_output_that_would_delete_its_inputs_or_is_a_file(fake_allure, tmp_path, out, message):
+    pathlib.Path("a-file").write_text("mine")
+    with pytest.raises(ReportError) as info:
+        allure_report.generate_html(pathlib.Path("results"), pathlib.Path(out), allure=fake_allure, overwrite=True)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+    assert (tmp_path / "results" / "a-result.json").exists() and pathlib.Path("a-file").read_text() == "mine"
+
+
+def test_generate_html_replaces_the_old_report_only_once_the_new_one_is_built(fake_allure, tmp_path, monkeypatch):
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "index.html").write_text("old")
+    monkeypatch.setenv("FAKE_ALLURE_FAILS", "1")
+    with pytest.raises(ReportError, match="allure generate failed \\(exit 3\\): it broke"):
+        allure_report.generate_html(tmp_path / "results", report, allure=fake_allure, overwrite=True)
+    assert (report / "index.html").read_text() == "old"
+    monkeypatch.delenv("FAKE_ALLURE_FAILS")
+    assert allure_report.generate_html(tmp_path / "results", report, allure=fake_allure, overwrite=True) == (
+        report / "index.html"
+    )
+    assert (report / "index.html").read_text() == "new\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["fake-allure", "report", "results"], "no staging left"
+
+
+@pytest.mark.parametrize("results, problem", [("nothing", "does not exist"), ("fake-allure", "is not a directory")])
+def test_generate_html_says_what_is_wrong_with_the_results(fake_allure, results, problem):
+    with pytest.raises(UsageError, match=f"results={results} {problem}: run pytest with --alluredir {results}"):
+        allure_report.generate_html(pathlib.Path(results), pathlib.Path("report"), allure=fake_allure)
 
 
 def test_find_allure_explains_how_to_install(monkeypatch):

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fa2_verify.core.errors import ReportError, UsageError
+from fa2_verify.verify.atomic import check_output_directory, directory_replacing
 from fa2_verify.verify.metrics import QUANTILES
 
 if TYPE_CHECKING:
@@ -215,30 +216,28 @@ def generate_html(
     overwrite: bool = False,
 ) -> pathlib.Path:
     """``allure generate RESULTS -o OUT``: the HTML report of an allure-results directory."""
-    results_dir, out_dir = pathlib.Path(results_dir), pathlib.Path(out_dir)
+    results_dir = pathlib.Path(results_dir)
     if not results_dir.is_dir() or not any(results_dir.glob("*-result.json")):
-        raise UsageError(
-            f"results={results_dir} holds no Allure results (*-result.json): run pytest with --alluredir {results_dir}"
+        problem = "holds no Allure results (*-result.json)" if results_dir.is_dir() else (
+            "is not a directory" if results_dir.exists() else "does not exist"
         )
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise ReportError(f"{out_dir} exists and is not empty: pass --overwrite to replace it, or choose another --out")
+        raise UsageError(f"results={results_dir} {problem}: run pytest with --alluredir {results_dir}")
+    out_dir = check_output_directory(out_dir, overwrite=overwrite, flag="--out", inputs={"results": results_dir})
     command = find_allure(allure)
     allure_version(command)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    try:
-        completed = subprocess.run(
-            [*command, "generate", str(results_dir), "--output", str(out_dir), "--report-name", name],
-            capture_output=True,
-            text=True,
-            timeout=GENERATE_TIMEOUT,
-        )
-    except subprocess.TimeoutExpired:
-        raise ReportError(f"allure generate took longer than {GENERATE_TIMEOUT} s on {results_dir}") from None
-    index = out_dir / "index.html"
-    if completed.returncode != 0 or not index.is_file():
-        detail = (completed.stderr or completed.stdout).strip().splitlines()
-        raise ReportError(
-            f"allure generate failed (exit {completed.returncode}): {detail[-1] if detail else 'no output'}"
-        )
-    return index
+    with directory_replacing(out_dir) as staging:
+        try:
+            completed = subprocess.run(
+                [*command, "generate", str(results_dir), "--output", str(staging), "--report-name", name],
+                capture_output=True,
+                text=True,
+                timeout=GENERATE_TIMEOUT,
+            )
+        except subprocess.TimeoutExpired:
+            raise ReportError(f"allure generate took longer than {GENERATE_TIMEOUT} s on {results_dir}") from None
+        if completed.returncode != 0 or not (staging / "index.html").is_file():
+            detail = (completed.stderr or completed.stdout).strip().splitlines()
+            raise ReportError(
+                f"allure generate failed (exit {completed.returncode}): {detail[-1] if detail else 'no output'}"
+            )
+    return out_dir / "index.html"

@@ -4,13 +4,19 @@
 starts (:func:`check_outputs` for the several outputs of one command, which
 must also be distinct files), so a run never ends in a report it cannot write.
 :func:`write_text_atomic` checks again and writes; an existing report is never
-clobbered unless overwriting was asked for.
+clobbered unless overwriting was asked for.  A directory output (the HTML
+report) is checked by :func:`check_output_directory` and built aside
+(:func:`directory_replacing`), so a failed build leaves the old one.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from fa2_verify.core.atomic import write_bytes_atomic
 from fa2_verify.core.errors import ReportError
@@ -79,3 +85,50 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, *, overwrite: boo
         raise ReportError(_exists_message(target, flag)) from None
     except OSError as exc:
         raise ReportError(f"{flag}={target} cannot be written: {exc.strerror or exc}") from exc
+
+
+def check_output_directory(
+    path: str | os.PathLike[str], *, overwrite: bool, flag: str, inputs: dict[str, pathlib.Path]
+) -> pathlib.Path:
+    """``path`` as a :class:`pathlib.Path` if a directory output (the HTML report) can replace it; else a one-line
+    :class:`ReportError`.
+
+    It must not be a file, must be empty or absent unless ``overwrite``, its
+    nearest existing parent must be a writable directory, and it must hold
+    neither one of ``inputs`` (``{flag: path}``, e.g. the results the report is
+    made from) nor the current directory: replacing it would delete them,
+    which ``--overwrite`` does not ask for.
+    """
+    target = pathlib.Path(path)
+    resolved = target.resolve()
+    held = [(f"{name}={where}", pathlib.Path(where)) for name, where in inputs.items()]
+    for label, where in [*held, ("the current directory", pathlib.Path.cwd())]:
+        if resolved == where.resolve() or resolved in where.resolve().parents:
+            raise ReportError(f"{flag}={target} holds {label}: replacing it would delete it; choose another {flag}")
+    if target.exists() and not target.is_dir():
+        raise ReportError(f"{flag}={target} is a file: name a directory")
+    if target.is_dir() and any(target.iterdir()) and not overwrite:
+        raise ReportError(f"{flag}={target} exists and is not empty: pass --overwrite to replace it, or choose another {flag}")
+    ancestor = _existing_ancestor(target)
+    if not ancestor.is_dir():
+        raise ReportError(f"{flag}={target} cannot be written: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ReportError(f"{flag}={target} cannot be written: no write permission in {ancestor}")
+    return target
+
+
+@contextmanager
+def directory_replacing(target: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A path, not yet existing, in a fresh staging directory beside ``target``, to build a directory output
+    at; when the block ends without an error, what was built takes ``target``'s place (an old ``target`` is
+    removed only then), else the staging directory is removed and ``target`` is left as it was."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    built, old = staging / "new", staging / "old"
+    try:
+        yield built
+        if target.exists():
+            target.rename(old)
+        built.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -5,8 +5,10 @@ test, with its error histograms and data attached
 (:mod:`verify.allure_report`); this command runs ``allure generate`` on them.
 Allure 3 is the npm package ``allure``: ``npm ci --prefix ci`` installs the
 version pinned in ``ci/package.json``.  Exit status: 0 once generated, 2 when
-the results are missing, the output exists without ``--overwrite``, or Allure 3
-is not installed (one line on stderr).
+the results are missing, the output exists without ``--overwrite``, is a file
+or holds the results or the current directory, Allure 3 is not installed, or
+``allure generate`` fails (one line on stderr; an old report is replaced only
+by a complete new one, :func:`verify.atomic.directory_replacing`).
 """
 
 from __future__ import annotations
