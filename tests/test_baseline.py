@@ -314,6 +314,10 @@ def test_baseline_cli_refuses_to_overwrite_and_bad_arguments(tmp_path, capsys):
     assert "--dtypes=float64: the corpus has no float64 case" in capsys.readouterr().err
     assert cli.main(["gate", "--kernel", "reference", "--baseline", str(tmp_path / "none.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["gate", "--kernel", "reference", "--baseline", str(COMMITTED), "--dtypes", "float99"]) == 2
+    assert capsys.readouterr().err == (
+        "fa2-verify: error: --dtypes=float99: the corpus has no float99 case (it covers bfloat16,float16,float32)\n"
+    )
 
 
 TINY_CORPUS = {

@@ -137,7 +137,8 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
     baseline = summarize(*cases())
     corpus = Corpus(version=1, cases=tuple(case.spec for case in cases()))
     gate.check_compatible(baseline, kernel="synthetic", device="cpu", corpus=corpus, dtypes=("float16",), source="b")
-    other = Corpus(version=2, cases=(dataclasses.replace(corpus.cases[0], seed=7), *corpus.cases[1:]))
+    float32 = dataclasses.replace(corpus.cases[0], dtype="float32", name="float32-case")
+    other = Corpus(version=2, cases=(dataclasses.replace(corpus.cases[0], seed=7), *corpus.cases[1:], float32))
     with pytest.raises(BaselineError) as raised:
         gate.check_compatible(
             baseline, kernel="triton", device="cpu", corpus=other, dtypes=("float16", "float32"), source="b"
@@ -150,6 +151,9 @@ def test_mismatched_baseline_fails_closed_naming_every_mismatch():
         "dtypes 'float16' != 'float16,float32'",
     ):
         assert expected in message
+    with pytest.raises(UsageError, match="--dtypes=float16,float64: the corpus has no float64 case"):
+        gate.check_compatible(baseline, kernel="synthetic", device="cpu", corpus=corpus, dtypes=("float16", "float64"),
+                              source="b")  # fmt: skip
 
 
 

@@ -128,10 +128,13 @@ def check_compatible(
 ) -> None:
     """Raise :class:`BaselineError` naming every way ``baseline`` does not match this gate run.
 
-    First the identity (kernel, device, corpus, dtypes), then the coverage
+    First the dtypes asked for (a dtype the corpus lacks is a one-line
+    :class:`UsageError` naming it, not a baseline mismatch), then the identity
+    (kernel, device, corpus, dtypes), then the coverage
     (:func:`verify.baseline.require_coverage`): a verdict for every case and a
     group for every output those cases compared.
     """
+    selected = corpus.select(dtypes)
     expected = {
         "kernel": (baseline.kernel, kernel),
         "device": (baseline.device, device),
@@ -145,7 +148,7 @@ def check_compatible(
     if mismatches:
         raise BaselineError(f"--baseline={source} does not match this run ({'; '.join(mismatches)}): {fix}")
     try:
-        require_coverage(baseline, corpus.select(dtypes))
+        require_coverage(baseline, selected)
     except ValueError as exc:
         raise BaselineError(f"--baseline={source} does not cover this run ({exc}): {fix}") from None
 
