@@ -32,6 +32,13 @@ def test_options_and_extra_arguments_reach_pytest(tmp_path, monkeypatch):
     ]
 
 
+def test_an_empty_dtypes_list_reaches_the_plugin_to_be_refused(tmp_path, monkeypatch):
+    """``--dtypes "$UNSET"`` names no dtype: passed on (the plugin refuses it), never dropped for "all dtypes"."""
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["suite", "--kernel", "reference", "--dtypes", ""])
+    assert pytest_arguments(args)[-1] == "--fa2-dtypes="
+
+
 def test_a_usage_error_exits_2(tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)
     assert main(["suite", "--kernel", "no-such-kernel"]) == 2

@@ -48,7 +48,7 @@ def pytest_arguments(args) -> list[str]:
         f"--fa2-device={args.device}",
         f"--fa2-profile={args.profile}",
     ]
-    if args.dtypes:
+    if args.dtypes is not None:
         command.append(f"--fa2-dtypes={args.dtypes}")
     return command + list(args.pytest_args)
 
