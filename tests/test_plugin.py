@@ -134,6 +134,15 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
     )
 
 
+def test_a_run_whose_every_property_is_unsupported_verified_nothing_and_does_not_exit_0(run, pytester):
+    pytester.makepyfile(forward_only=FORWARD_ONLY)
+    result = run("--pyargs", "fa2_verify.properties", "-k", "dq_within or dk_within", "--fa2-kernel=forward_only:KERNEL",
+                 "--fa2-dtypes=float32")
+    result.assert_outcomes(skipped=2)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["nothing was verified: every property test was skipped as unsupported (exit status 5)"])
+
+
 def test_suite_verifies_a_bhsd_autograd_kernel_without_lse(run):
     """tests/user_kernels.py: one autograd_target call; the LSE properties are skipped with the reason."""
     kernel = "tests.user_kernels:BHSD_NO_LSE"

@@ -24,7 +24,8 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 * A property needing a capability the kernel lacks (or a kernel that cannot
   run here) is skipped with the reason and counted as unsupported; the
   terminal summary lists those counts, how many examples were checked per
-  second, and the worst case found per property.
+  second, and the worst case found per property.  A run in which every
+  property test was skipped so verified nothing: it exits 5, not 0.
 * A kernel that kills its process still names the case: each process keeps
   the case of the example it runs in an in-flight file (:mod:`properties.inflight`)
   in one directory per session, which xdist workers get from the controller
@@ -361,6 +362,8 @@ class Summary:
         self.examples = 0
         self.seconds = 0.0
         self.worst: dict[tuple[str, str], dict[str, Any]] = {}
+        self.verified = 0
+        self.nothing_verified = False
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         prop = report.nodeid.split("::")[-1].split("[")[0]
@@ -368,6 +371,7 @@ class Summary:
             if key == _UNSUPPORTED and report.when == "setup":
                 self.unsupported.setdefault(value, set()).add(prop)
             elif key == _OBSERVED and report.when == "call":
+                self.verified += report.passed
                 self.seconds += report.duration
                 observed = json.loads(value)
                 records = observed["worst"]
@@ -389,7 +393,9 @@ class Summary:
         current["examples"] = examples
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any."""
+        """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any;
+        a run whose property tests were all skipped as unsupported verified nothing, and does not exit 0 either
+        (status 5, pytest's "nothing collected"), as ``fa2-verify run`` exits 2 when no case is supported."""
         if hasattr(session.config, "workerinput"):
             return
         inflight = inflight_of(session.config)
@@ -397,9 +403,14 @@ class Summary:
         inflight.close()
         if self.died and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if self.unsupported and not self.verified and session.exitstatus == pytest.ExitCode.OK:
+            self.nothing_verified = True
+            session.exitstatus = pytest.ExitCode.NO_TESTS_COLLECTED
 
     def lines(self) -> list[str]:
         lines = [record.message() for record in self.died]
+        if self.nothing_verified:
+            lines.append("nothing was verified: every property test was skipped as unsupported (exit status 5)")
         if self.examples:
             rate = self.examples / self.seconds if self.seconds else float("inf")
             lines.append(

@@ -54,7 +54,7 @@ def pytest_arguments(args) -> list[str]:
 
 
 #: What pytest's other exit statuses mean (``pytest.ExitCode``), for the one-line error.
-_PYTEST_STATUSES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error", 5: "no tests collected"}
+_PYTEST_STATUSES = {2: "interrupted or collection errors", 3: "internal error", 4: "usage error", 5: "no tests collected, or every property unsupported"}
 
 
 def handle(args) -> int:
