@@ -71,12 +71,22 @@ EXITING_CONFIG = _Hostile("config()", SystemExit(0))
 FAILING_CONFIG = _Hostile("config()", ValueError("no tile table for this GPU"))
 MISSPELLED_CAPABILITIES = _MisspelledCapabilities()
 
+
+class _ForwardNotCallable(_DictCapabilities):
+    forward = "flash"
+
+
+FORWARD_NOT_CALLABLE = _ForwardNotCallable()
+
 BAD_TARGETS = {
     "unknown-name": ("no-such-kernel", f"unknown kernel 'no-such-kernel': use one of {', '.join(sorted(BUNDLED))}, or module:attr"),
     "import-failure": ("tests.no_such_module:KERNEL", "kernel 'tests.no_such_module:KERNEL': cannot import module 'tests.no_such_module'"),
     "missing-attribute": ("tests.mutants:NO_SUCH_MUTANT", "module 'tests.mutants' has no attribute 'NO_SUCH_MUTANT'"),
     "lacks-forward": ("tests.test_registry:NO_FORWARD", "target 'tests.test_registry:NO_FORWARD' lacks 'forward'"),
     "lacks-capabilities": ("tests.test_registry:NO_CAPABILITIES", "lacks 'capabilities', required by the kernel contract"),
+    "forward-not-callable": (
+        "tests.test_registry:FORWARD_NOT_CALLABLE", "'forward' of 'tests.test_registry:FORWARD_NOT_CALLABLE' is str, not callable"
+    ),
     "unknown-capability-field": (
         "tests.test_registry:MISSPELLED_CAPABILITIES",
         "kernel 'tests.test_registry:MISSPELLED_CAPABILITIES': capabilities has unknown field(s) ['seqlen_multiple']",

@@ -135,5 +135,11 @@ def load_kernel(name: str) -> LoadedKernel:
     for required in ("forward", "capabilities"):
         if not kernel.call_hook(required, lambda: hasattr(target, required)):
             raise KernelLoadError(f"kernel {name!r}: target {spec!r} lacks {required!r}, required by the kernel contract")
+    forward = kernel.call_hook("forward", lambda: target.forward)
+    if not callable(forward):
+        raise KernelLoadError(
+            f"kernel {name!r}: 'forward' of {spec!r} is {type(forward).__name__}, not callable: the kernel contract "
+            "calls forward(q, k, v, *, softmax_scale, causal, window_size)"
+        )
     kernel.capabilities  # read once now, so a target whose capabilities cannot be read fails to load
     return kernel
