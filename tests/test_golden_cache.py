@@ -201,5 +201,6 @@ def test_concurrent_writers_never_expose_a_partial_entry(tmp_path):
 def test_unwritable_cache_dir_is_a_usage_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("a file where the cache directory should be")
-    with pytest.raises(UsageError, match="cache_dir="):
+    with pytest.raises(UsageError, match="cache_dir=") as info:
         _compute(blocker)
+    assert "point --golden-cache or $FA2_VERIFY_GOLDEN_CACHE at a writable directory" in str(info.value)

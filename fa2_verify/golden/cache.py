@@ -33,6 +33,7 @@ import numpy as np
 
 from fa2_verify.core.atomic import write_bytes_atomic
 from fa2_verify.core.errors import UsageError
+from fa2_verify.golden.options import CACHE_ENV
 
 MAGIC = b"fa2-verify golden cache 1\n"
 
@@ -80,9 +81,7 @@ def load(cache_dir: pathlib.Path, entry_key: str, shapes: dict[str, tuple[int, .
     except FileNotFoundError:
         return None
     except OSError as exc:
-        raise UsageError(
-            f"cache_dir={str(cache_dir)!r} cannot be read ({exc}): fix it or pass cache_dir=None"
-        ) from None
+        raise _unusable(cache_dir, "cannot be read", exc) from None
     try:
         return _parse(blob, entry_key, shapes)
     except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
@@ -103,9 +102,16 @@ def store(cache_dir: pathlib.Path, entry_key: str, arrays: dict[str, np.ndarray]
         cache_dir.mkdir(parents=True, exist_ok=True)
         return write_bytes_atomic(target, data, overwrite=True)
     except OSError as exc:
-        raise UsageError(
-            f"cache_dir={str(cache_dir)!r} is not a writable directory ({exc}): fix it or pass cache_dir=None"
-        ) from None
+        raise _unusable(cache_dir, "is not a writable directory", exc) from None
+
+
+def _unusable(cache_dir: pathlib.Path, problem: str, exc: OSError) -> UsageError:
+    """The one-line error of a cache directory that cannot be used, with the fix in each caller's terms: the
+    CLI's ``--golden-cache`` and the environment variable, and ``cache_dir`` of the API."""
+    return UsageError(
+        f"the golden cache cache_dir={str(cache_dir)!r} {problem} ({exc.strerror or exc}): point --golden-cache or "
+        f"${CACHE_ENV} at a writable directory (in the API, cache_dir=None turns the cache off)"
+    )
 
 
 def _parse(blob: bytes, entry_key: str, shapes: dict[str, tuple[int, ...]]):
