@@ -55,8 +55,8 @@ def run(pytester, pytestconfig, monkeypatch):
 BAD_OPTIONS = {
     "unknown-kernel": ("--fa2-kernel=no-such-kernel", "--fa2-kernel=no-such-kernel: unknown kernel"),
     "unknown-profile": ("--fa2-profile=weekly", "--fa2-profile=weekly: not a profile: use one of dev, ci, nightly"),
-    "unknown-device": ("--fa2-device=abacus", "--fa2-device=abacus: not a device"),
-    "unsupported-dtype": ("--fa2-dtypes=float8", "--fa2-dtypes=float8: use names from"),
+    "unknown-device": ("--fa2-kernel=reference --fa2-device=abacus", "--fa2-device=abacus: not a device"),
+    "unsupported-dtype": ("--fa2-kernel=reference --fa2-dtypes=float8", "--fa2-dtypes=float8: use names from"),
     "capabilities-exit": (
         "--fa2-kernel=tests.test_registry:EXITING_CAPABILITIES", "capabilities raised SystemExit: 0"
     ),
@@ -74,7 +74,7 @@ BAD_OPTIONS = {
 @pytest.mark.parametrize("option, message", BAD_OPTIONS.values(), ids=BAD_OPTIONS.keys())
 def test_bad_option_values_are_usage_errors(run, pytester, option, message):
     pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
-    result = run(option)
+    result = run(*option.split(" "))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{message}*"])
 
