@@ -47,12 +47,18 @@ def check_writable(path: str | os.PathLike[str], *, overwrite: bool, flag: str) 
         raise ReportError(f"{flag}={target} is a directory: name a file")
     if target.exists() and not overwrite:
         raise ReportError(_exists_message(target, flag))
+    _check_creatable(target, flag)
+    return target
+
+
+def _check_creatable(target: pathlib.Path, flag: str) -> None:
+    """A one-line :class:`ReportError` unless ``target``'s nearest existing parent is a directory this process can
+    write into (so ``target`` can be created there)."""
     ancestor = _existing_ancestor(target)
     if not ancestor.is_dir():
         raise ReportError(f"{flag}={target} cannot be written: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK | os.X_OK):
         raise ReportError(f"{flag}={target} cannot be written: no write permission in {ancestor}")
-    return target
 
 
 def check_outputs(outputs: dict[str, str | os.PathLike[str] | None], *, overwrite: bool) -> None:
@@ -109,11 +115,7 @@ def check_output_directory(
         raise ReportError(f"{flag}={target} is a file: name a directory")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise ReportError(f"{flag}={target} exists and is not empty: pass --overwrite to replace it, or choose another {flag}")
-    ancestor = _existing_ancestor(target)
-    if not ancestor.is_dir():
-        raise ReportError(f"{flag}={target} cannot be written: {ancestor} is not a directory")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise ReportError(f"{flag}={target} cannot be written: no write permission in {ancestor}")
+    _check_creatable(target, flag)
     return target
 
 
