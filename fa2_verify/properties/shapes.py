@@ -30,6 +30,9 @@ LONG_BLOCK_SIZES: tuple[int, ...] = (64, 128)
 #: Powers of two plus and minus one, 256 to 2^17: index widths and grid limits (65,535 to 65,537).
 LONG_LENGTHS: tuple[int, ...] = tuple(sorted({2**k + d for k in range(8, 18) for d in (-1, 0, 1)}))
 
+#: The long side of :func:`unbalanced_pairs`: two tiles of the largest block plus one.
+UNBALANCED_LENGTH = 2 * max(BLOCK_SIZES) + 1
+
 #: Primes up to 256: lengths that are never a multiple of a tile.
 PRIMES: tuple[int, ...] = tuple(n for n in range(2, 257) if all(n % p for p in range(2, int(n**0.5) + 1)))
 
@@ -107,10 +110,42 @@ def _side_limit(capabilities: Capabilities, max_value: int, side: str | None) ->
     return max(high, capabilities.smallest_seqlen(side) or 0)
 
 
+def unbalanced_pairs(*, min_value: int, max_value: int, capabilities: Capabilities) -> st.SearchStrategy[tuple[int, int]]:
+    """``(short, long)`` or ``(long, short)``: one side up to :data:`UNBALANCED_LENGTH`, the other at most
+    ``max_value`` and ``max_value**2 // long``, so a pair has no more score elements than ``(max_value, max_value)``.
+
+    A profile whose lengths stay below two tiles of 128 never lets a kernel with
+    128-row or 128-key tiles run a second tile along a row or column (its
+    rescaling, running max, split-KV combine or dK/dV accumulation across
+    tiles); and balanced pairs rarely give one query against many keys, the
+    decoding shape (``seqlen_q = 1``) that kernels serve with a path of its
+    own.  The short side shrinks toward 1 (decoding), the long side toward
+    ``min_value``.  Lengths the kernel cannot run are never drawn
+    (:func:`_side_limit`, :func:`seqlens`).
+    """
+    low = max(min_value, capabilities.min_seqlen)
+
+    def side_lengths(side: str, limit: int) -> st.SearchStrategy[int]:
+        high = _side_limit(capabilities, max(limit, low, 1), side)
+        return seqlens(min_value=low, max_value=high, multiple_of=capabilities.seqlen_step(side))
+
+    def pair(long_side: str) -> st.SearchStrategy[tuple[int, int]]:
+        short_side = "k" if long_side == "q" else "q"
+
+        def with_short(long: int) -> st.SearchStrategy[tuple[int, int]]:
+            short = side_lengths(short_side, min(max_value, max_value**2 // max(long, 1)))
+            return short.map(lambda n: (n, long) if long_side == "k" else (long, n))
+
+        return side_lengths(long_side, UNBALANCED_LENGTH).flatmap(with_short)
+
+    return st.one_of(pair("k"), pair("q"))
+
+
 def seqlen_pairs(
     *, min_value: int = 1, max_value: int = 128, capabilities: Capabilities | None = None
 ) -> st.SearchStrategy[tuple[int, int]]:
-    """``(seqlen_q, seqlen_k)``: equal, or independent (so q longer and shorter than k both occur).
+    """``(seqlen_q, seqlen_k)``: equal, independent (so q longer and shorter than k both occur), or,
+    below :data:`UNBALANCED_LENGTH`, :func:`unbalanced_pairs` (a third of the draws).
 
     With ``capabilities``, only pairs the kernel supports
     (:meth:`~core.contract.Capabilities.seqlen_unsupported_reason`): each side
@@ -119,8 +154,7 @@ def seqlen_pairs(
     (:func:`seqlens` rounds boundary lengths to the multiple).
     """
     if capabilities is None:
-        lengths = seqlens(min_value=min_value, max_value=max_value)
-        return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
+        capabilities = Capabilities(dtypes={"cpu": ("float32",)})
     low = max(min_value, capabilities.min_seqlen)
     equal = None
     if capabilities.smallest_seqlen() is not None:
@@ -140,7 +174,10 @@ def seqlen_pairs(
             for side in ("q", "k")
         )
     )
-    return sides if equal is None else st.one_of(equal, sides)
+    kinds = [kind for kind in (equal, sides) if kind is not None]
+    if max_value < UNBALANCED_LENGTH:
+        kinds.append(unbalanced_pairs(min_value=min_value, max_value=max_value, capabilities=capabilities))
+    return st.one_of(kinds)
 
 
 def prefix_rows(*, seqlen_q: int, seqlen_k: int, capabilities: Capabilities) -> st.SearchStrategy[int]:
