@@ -8,6 +8,9 @@ B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).  Past
 and minus one up to 2^17 (65,535 to 65,537 among them: 16-bit indices and
 grid limits) and any multiple of 64 or 128 plus or minus one (a long sequence
 ending one row into, or one row short of, a tile).
+Below 257 tokens a third of the pairs are unbalanced (:func:`unbalanced_pairs`):
+one side up to 257 (past two tiles of 128) and the other short, as in
+decoding (one query against many keys), within the same number of scores.
 Lengths a kernel cannot run (its ``seqlen_multiple_of``, ``equal_seqlens``,
 ``min_seqlen``/``max_seqlen``) are never drawn: boundary lengths are rounded
 to its multiple instead of being filtered away.
