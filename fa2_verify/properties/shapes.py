@@ -218,6 +218,10 @@ def head_counts(
 #: One example in this many draws its head dim above the profile's ``common_head_dim``.
 LARGE_HEAD_DIM_ODDS = 8
 
+#: Head dims where the second 128-column chunk of a chunked kernel starts (129) and ends (255, 256);
+#: half of the large draws take one of these, the other half any large head dim.
+CHUNK_EDGE_HEAD_DIMS: tuple[int, ...] = (129, 255, 256)
+
 
 def head_dims(
     *, capabilities: Capabilities, device: str = "cpu", max_value: int = 256, common_max: int | None = None
@@ -225,7 +229,8 @@ def head_dims(
     """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first.
 
     With ``common_max``, the dims above it are drawn one time in
-    :data:`LARGE_HEAD_DIM_ODDS` and shrink toward the dims at or below it.
+    :data:`LARGE_HEAD_DIM_ODDS` (half of those times one of
+    :data:`CHUNK_EDGE_HEAD_DIMS`) and shrink toward the dims at or below it.
     """
     check_int("max_value", max_value, min_value=1)
     declared = capabilities.head_dims_on(device)
@@ -244,8 +249,10 @@ def head_dims(
         return st.sampled_from(supported)
     # sampled_from draws its tickets uniformly; st.integers(0, 7) favours its low end (0 in about 44% of
     # draws, 7 in about 1 in 13), which made the large head dims rarer than the odds say.
+    edges = [d for d in large if d in CHUNK_EDGE_HEAD_DIMS]
+    large_dims = st.one_of(st.sampled_from(edges), st.sampled_from(large)) if edges else st.sampled_from(large)
     return st.sampled_from(range(LARGE_HEAD_DIM_ODDS)).flatmap(
-        lambda ticket: st.sampled_from(large if ticket == LARGE_HEAD_DIM_ODDS - 1 else common)
+        lambda ticket: large_dims if ticket == LARGE_HEAD_DIM_ODDS - 1 else st.sampled_from(common)
     )
 
 
