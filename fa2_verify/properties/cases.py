@@ -84,8 +84,9 @@ def case_specs(
 
     ``backward``/``deterministic`` request a backward case (in deterministic
     mode); ``deterministic=None`` draws the mode, default or (when the kernel
-    has one) deterministic, shrinking toward default: the golden gradient
-    checks see both backward paths, not only the default one; ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only;
+    has one) deterministic, shrinking toward default, so the golden gradient
+    checks see both backward paths; ``masked=False`` draws unmasked cases
+    only, ``gqa=False`` MHA only;
     ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
     the metamorphic relations that need them; ``generators`` and ``dtypes``
     restrict the value generators and dtypes drawn.
