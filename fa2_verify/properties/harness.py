@@ -169,11 +169,6 @@ def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int
     """Run ``prop`` against ``suite`` under ``search_settings``; stop at its first failure.
 
     ``seed`` fixes Hypothesis' random seed (for settings that are not derandomized).
-    Derandomized settings without a seed search from a digest of the property's
-    name (:func:`shard_seed`), as the plugin's shards do: Hypothesis would
-    otherwise derive every property's examples from the one function that runs
-    them all, and properties drawing the same strategy (dq, dk and dv) would
-    check the very same cases.
 
     A failure is a :class:`~properties.declaration.PropertyFailure` (the
     checks turn a kernel's exceptions into those), also when it did not repeat
@@ -198,8 +193,6 @@ def search(prop: Property, suite: Suite, search_settings: settings, *, seed: int
             raise
 
     runner = given(data=st.data())(settings(search_settings)(counted))
-    if seed is None and search_settings.derandomize:
-        seed = shard_seed(prop.name, "every dtype", derandomize=True, run_seed=None)
     if seed is not None:
         runner = hypothesis_seed(seed)(runner)
     start = time.perf_counter()
