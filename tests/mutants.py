@@ -1,7 +1,8 @@
 """Mutant kernels: the reference kernel with one realistic bug each.
 
 Every mutant is :class:`kernels.reference.TiledAttention` (deferred rescaling,
-the same tiles as ``reference``) with one of its documented steps replaced.
+the same tiles as ``reference``, except :class:`LargeTileStaleMax`'s 128 x 128)
+with one of its documented steps replaced.
 They implement the kernel contract and claim the reference's capabilities, so
 any check that passes the reference and misses a mutant has a blind spot.
 Load one as ``tests.mutants:NAME`` (with the repository root on ``sys.path``);
@@ -248,6 +249,67 @@ class BackwardExits(Mutant):
         sys.exit(0)
 
 
+class DecodeIgnoresWindow(Mutant):
+    """Decoding path without the window: with ``seqlen_q == 1`` the single query sees every key,
+    its sliding window (left edge ``seqlen_k - 1 - left``) and causal mask dropped; longer queries are right."""
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        if q.shape[1] == 1:
+            causal, window_size = False, (UNBOUNDED, UNBOUNDED)
+        return super().forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+
+
+class DeterministicDqDropsLastBlock(Mutant):
+    """Deterministic mode only: with ``deterministic=True`` dQ is reduced over key blocks by a separate
+    path that never adds the last key block's ``dS K_j`` (Algorithm 2, line 15); the default mode is right."""
+
+    _deterministic = False
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        self._deterministic = deterministic
+        try:
+            return super().backward(
+                dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                deterministic=deterministic,
+            )
+        finally:
+            self._deterministic = False
+
+    def _add_dq(self, dq, rows, update, key_block, num_key_blocks):
+        if not (self._deterministic and key_block == num_key_blocks - 1 and num_key_blocks > 1):
+            super()._add_dq(dq, rows, update, key_block, num_key_blocks)
+
+
+class LargeTileStaleMax(Mutant):
+    """:class:`StaleMax`'s bug (``P~ = exp(S - m_old)``) in a kernel with production tiles of 128 x 128:
+    it shows only where a query row's visible keys span more than one 128-key tile."""
+
+    def __init__(self) -> None:
+        TiledAttention.__init__(self, block_q=128, block_k=128, accumulate=DEFERRED.accumulate)
+
+    def _probability_max(self, m_old, m_new):
+        return torch.where(m_old == NEG_INF, m_new, m_old)
+
+
+class SplitKvLseMax(Mutant):
+    """Split-KV (flash-decoding) combine: for ``seqlen_q <= 16`` and ``seqlen_k > 128`` the keys are split
+    into chunks of 128 and the outputs combined correctly, but the LSE written is ``max_s lse_s`` over
+    the chunks instead of ``log Σ_s exp(lse_s)``."""
+
+    split = 128
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        out, lse = super().forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        seqlen_q, seqlen_k = q.shape[1], k.shape[1]
+        if seqlen_q > 16 or seqlen_k <= self.split:
+            return out, lse
+        visible = self._visible(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=q.device)
+        keys = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2).double()
+        scores = (softmax_scale * torch.einsum("bihc,bjhc->bhij", q.double(), keys)).masked_fill(~visible, NEG_INF)
+        chunks = [torch.logsumexp(scores[..., j : j + self.split], -1) for j in range(0, seqlen_k, self.split)]
+        return out, torch.stack(chunks, -1).amax(-1).to(torch.float32)
+
+
 LSE_BASE2 = LseBase2()
 CAUSAL_SHIFT = CausalShift()
 TOP_LEFT_CAUSAL = TopLeftCausal()
@@ -268,6 +330,10 @@ DS_FLUSH_SUBNORMAL = DsFlushSubnormal()
 EMPTY_ROW_NAN = EmptyRowNan()
 OUT_REWRITTEN_BY_BACKWARD = OutRewrittenByBackward()
 BACKWARD_EXITS = BackwardExits()
+DECODE_IGNORES_WINDOW = DecodeIgnoresWindow()
+DETERMINISTIC_DQ_DROPS_LAST_BLOCK = DeterministicDqDropsLastBlock()
+LARGE_TILE_STALE_MAX = LargeTileStaleMax()
+SPLIT_KV_LSE_MAX = SplitKvLseMax()
 
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
 MUTANTS: dict[str, Mutant] = {

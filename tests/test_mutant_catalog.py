@@ -40,6 +40,10 @@ TRIGGERS = {
     "OUT_REWRITTEN_BY_BACKWARD": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "BACKWARD_EXITS": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "DK_CHUNK_OFFSET": ((1, 20, 20, 2, 2, 160), torch.float32, {"softmax_scale": 0.3}),
+    "DECODE_IGNORES_WINDOW": ((1, 1, 40, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "window_size": (5, 0)}),
+    "DETERMINISTIC_DQ_DROPS_LAST_BLOCK": ((1, 20, 64, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "deterministic": True}),
+    "LARGE_TILE_STALE_MAX": ((1, 4, 256, 2, 2, 16), torch.float32, {"softmax_scale": 1.0}),
+    "SPLIT_KV_LSE_MAX": ((1, 4, 200, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     # bugs that standard normal inputs do not reach: a case from a value generator of core.values
     "SKIP_SMALL_RESCALE": CaseSpec(batch=1, seqlen_q=20, seqlen_k=70, heads_q=2, heads_kv=1, head_dim=16,
                                    dtype="float64", generator="rescale-storm", seed=0),
@@ -71,7 +75,8 @@ def test_mutant_loads_and_documents_its_bug(name: str) -> None:
 
 
 def _run(kernel, trigger):
-    """Every output; out and lse as forward returned them (backward gets copies)."""
+    """Every output; out and lse as forward returned them (backward gets copies, and ``deterministic``
+    if the trigger names it)."""
     if isinstance(trigger, CaseSpec):
         case = make_case(trigger)
         q, k, v, dout = case.q, case.k, case.v, case.dout
@@ -79,8 +84,9 @@ def _run(kernel, trigger):
     else:
         shape, dtype, args = trigger
         q, k, v, dout = make_inputs(shape, dtype, seed=1)
+    masking = {name: value for name, value in args.items() if name != "deterministic"}
     with poisoned("cpu"):
-        out, lse = kernel.forward(q, k, v, **args)
+        out, lse = kernel.forward(q, k, v, **masking)
         dq, dk, dv = kernel.backward(dout, q, k, v, out.clone(), lse.clone(), **args)
     return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 

@@ -79,7 +79,9 @@ def test_cases_stay_inside_capabilities_and_limits(data):
     assert _supported(spec, capabilities)
     assert spec.batch <= SMALL.max_batch and spec.heads_kv <= SMALL.max_heads_kv
     assert spec.heads_q <= SMALL.max_heads_kv * SMALL.max_group and spec.head_dim <= SMALL.max_head_dim
-    assert 1 <= spec.seqlen_q <= SMALL.max_seqlen and 1 <= spec.seqlen_k <= SMALL.max_seqlen
+    assert 1 <= min(spec.seqlen_q, spec.seqlen_k) <= SMALL.max_seqlen
+    assert max(spec.seqlen_q, spec.seqlen_k) <= shapes.UNBALANCED_LENGTH
+    assert spec.seqlen_q * spec.seqlen_k <= SMALL.max_seqlen**2
     assert spec.generator in values.GENERATORS
 
 

@@ -143,7 +143,8 @@ def test_strategies_draw_only_supported_lengths(fields):
 
 
 def test_multiple_of_128_is_drawn_beyond_a_smaller_profile_limit():
-    """The CPU ci profile stops at 72 tokens; a kernel that needs multiples of 128 is still drawn at 128."""
+    """The CPU ci profile stops at 72 tokens (257 on the long side of an unbalanced pair); a kernel that
+    needs multiples of 128 is still drawn at 128, and at 256 on an unbalanced pair's long side."""
     capabilities = Capabilities.from_mapping({**CPU_FLOAT32, "seqlen_multiple_of": 128})
     drawn = set()
 
@@ -153,7 +154,7 @@ def test_multiple_of_128_is_drawn_beyond_a_smaller_profile_limit():
         drawn.add(pair)
 
     collect()
-    assert drawn == {(128, 128)}
+    assert (128, 128) in drawn and drawn <= {(128, 128), (128, 256), (256, 128)}
 
 
 def test_boundary_lengths_are_rounded_to_the_multiple_not_dropped():

@@ -71,7 +71,7 @@ def case_specs(
     device: str,
     limits: Limits = DEFAULT_LIMITS,
     backward: bool = False,
-    deterministic: bool = False,
+    deterministic: bool | None = False,
     masked: bool = True,
     gqa: bool = True,
     min_batch: int = 1,
@@ -83,13 +83,20 @@ def case_specs(
     """Cases the kernel supports on ``device``.
 
     ``backward``/``deterministic`` request a backward case (in deterministic
-    mode); ``masked=False`` draws unmasked cases only, ``gqa=False`` MHA only;
+    mode); ``deterministic=None`` draws the mode, default or (when the kernel
+    has one) deterministic, shrinking toward default, so the golden gradient
+    checks see both backward paths; ``masked=False`` draws unmasked cases
+    only, ``gqa=False`` MHA only;
     ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
     the metamorphic relations that need them; ``generators`` and ``dtypes``
     restrict the value generators and dtypes drawn.
     """
-    for name, flag in (("backward", backward), ("deterministic", deterministic), ("masked", masked), ("gqa", gqa)):
+    for name, flag in (("backward", backward), ("masked", masked), ("gqa", gqa)):
         check_bool(name, flag)
+    if deterministic is not None:
+        check_bool("deterministic", deterministic)
+    elif not backward:
+        raise UsageError("deterministic=None: only a backward case has a mode to draw; pass backward=True")
     if backward and not capabilities.backward:
         raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
     if min_group > 1 and not (gqa and capabilities.gqa):
@@ -108,6 +115,7 @@ def case_specs(
         min_group=min_group,
         min_heads_q=min_heads_q,
     )
+    modes = st.booleans() if capabilities.deterministic_backward else st.just(False)
     batch_strategy = shapes.batches(min_value=min_batch, max_value=limits.max_batch)
     seqlen_strategy = shapes.seqlen_pairs(max_value=limits.max_seqlen, capabilities=capabilities)
 
@@ -134,7 +142,7 @@ def case_specs(
             generator=draw(generator_strategy),
             seed=draw(inputs.seeds()),
             backward=backward,
-            deterministic=deterministic,
+            deterministic=draw(modes) if deterministic is None else deterministic,
         )
         return fit_budget(spec, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
 

@@ -53,6 +53,11 @@ class Limits:
     of a profile whose lengths alone could exceed it: a drawn case over
     budget is cut down (:func:`properties.cases.fit_budget`).  ``None``: no budget.
 
+    ``max_seqlen`` bounds both sides of a balanced pair; below
+    :data:`properties.shapes.UNBALANCED_LENGTH` (257) the strategies also draw
+    unbalanced pairs, one side up to 257 and the other short enough that the
+    pair has at most ``max_seqlen**2`` scores (:func:`properties.shapes.unbalanced_pairs`).
+
     Head dims up to ``common_head_dim`` are drawn in most examples, the larger
     ones up to ``max_head_dim`` in one example in
     :data:`properties.shapes.LARGE_HEAD_DIM_ODDS` (the golden's and the

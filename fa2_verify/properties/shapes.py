@@ -8,6 +8,9 @@ B_r rows and keys into blocks of B_c columns (Algorithm 1, lines 3-4).  Past
 and minus one up to 2^17 (65,535 to 65,537 among them: 16-bit indices and
 grid limits) and any multiple of 64 or 128 plus or minus one (a long sequence
 ending one row into, or one row short of, a tile).
+Below 257 tokens a third of the pairs are unbalanced (:func:`unbalanced_pairs`):
+one side up to 257 (past two tiles of 128) and the other short, as in
+decoding (one query against many keys), within the same number of scores.
 Lengths a kernel cannot run (its ``seqlen_multiple_of``, ``equal_seqlens``,
 ``min_seqlen``/``max_seqlen``) are never drawn: boundary lengths are rounded
 to its multiple instead of being filtered away.
@@ -29,6 +32,9 @@ LONG_BLOCK_SIZES: tuple[int, ...] = (64, 128)
 
 #: Powers of two plus and minus one, 256 to 2^17: index widths and grid limits (65,535 to 65,537).
 LONG_LENGTHS: tuple[int, ...] = tuple(sorted({2**k + d for k in range(8, 18) for d in (-1, 0, 1)}))
+
+#: The long side of :func:`unbalanced_pairs`: two tiles of the largest block plus one.
+UNBALANCED_LENGTH = 2 * max(BLOCK_SIZES) + 1
 
 #: Primes up to 256: lengths that are never a multiple of a tile.
 PRIMES: tuple[int, ...] = tuple(n for n in range(2, 257) if all(n % p for p in range(2, int(n**0.5) + 1)))
@@ -107,10 +113,42 @@ def _side_limit(capabilities: Capabilities, max_value: int, side: str | None) ->
     return max(high, capabilities.smallest_seqlen(side) or 0)
 
 
+def unbalanced_pairs(*, min_value: int, max_value: int, capabilities: Capabilities) -> st.SearchStrategy[tuple[int, int]]:
+    """``(short, long)`` or ``(long, short)``: one side up to :data:`UNBALANCED_LENGTH`, the other at most
+    ``max_value`` and ``max_value**2 // long``, so a pair has no more score elements than ``(max_value, max_value)``.
+
+    A profile whose lengths stay below two tiles of 128 never lets a kernel with
+    128-row or 128-key tiles run a second tile along a row or column (its
+    rescaling, running max, split-KV combine or dK/dV accumulation across
+    tiles); and balanced pairs rarely give one query against many keys, the
+    decoding shape (``seqlen_q = 1``) that kernels serve with a path of its
+    own.  The short side shrinks toward 1 (decoding), the long side toward
+    ``min_value``.  Lengths the kernel cannot run are never drawn
+    (:func:`_side_limit`, :func:`seqlens`).
+    """
+    low = max(min_value, capabilities.min_seqlen)
+
+    def side_lengths(side: str, limit: int) -> st.SearchStrategy[int]:
+        high = _side_limit(capabilities, max(limit, low, 1), side)
+        return seqlens(min_value=low, max_value=high, multiple_of=capabilities.seqlen_step(side))
+
+    def pair(long_side: str) -> st.SearchStrategy[tuple[int, int]]:
+        short_side = "k" if long_side == "q" else "q"
+
+        def with_short(long: int) -> st.SearchStrategy[tuple[int, int]]:
+            short = side_lengths(short_side, min(max_value, max_value**2 // max(long, 1)))
+            return short.map(lambda n: (n, long) if long_side == "k" else (long, n))
+
+        return side_lengths(long_side, UNBALANCED_LENGTH).flatmap(with_short)
+
+    return st.one_of(pair("k"), pair("q"))
+
+
 def seqlen_pairs(
     *, min_value: int = 1, max_value: int = 128, capabilities: Capabilities | None = None
 ) -> st.SearchStrategy[tuple[int, int]]:
-    """``(seqlen_q, seqlen_k)``: equal, or independent (so q longer and shorter than k both occur).
+    """``(seqlen_q, seqlen_k)``: equal, independent (so q longer and shorter than k both occur), or,
+    below :data:`UNBALANCED_LENGTH`, :func:`unbalanced_pairs` (a third of the draws).
 
     With ``capabilities``, only pairs the kernel supports
     (:meth:`~core.contract.Capabilities.seqlen_unsupported_reason`): each side
@@ -119,8 +157,7 @@ def seqlen_pairs(
     (:func:`seqlens` rounds boundary lengths to the multiple).
     """
     if capabilities is None:
-        lengths = seqlens(min_value=min_value, max_value=max_value)
-        return st.one_of(lengths.map(lambda n: (n, n)), st.tuples(lengths, lengths))
+        capabilities = Capabilities(dtypes={"cpu": ("float32",)})
     low = max(min_value, capabilities.min_seqlen)
     equal = None
     if capabilities.smallest_seqlen() is not None:
@@ -140,7 +177,10 @@ def seqlen_pairs(
             for side in ("q", "k")
         )
     )
-    return sides if equal is None else st.one_of(equal, sides)
+    kinds = [kind for kind in (equal, sides) if kind is not None]
+    if max_value < UNBALANCED_LENGTH:
+        kinds.append(unbalanced_pairs(min_value=min_value, max_value=max_value, capabilities=capabilities))
+    return st.one_of(kinds)
 
 
 def prefix_rows(*, seqlen_q: int, seqlen_k: int, capabilities: Capabilities) -> st.SearchStrategy[int]:
@@ -178,6 +218,10 @@ def head_counts(
 #: One example in this many draws its head dim above the profile's ``common_head_dim``.
 LARGE_HEAD_DIM_ODDS = 8
 
+#: Head dims where the second 128-column chunk of a chunked kernel starts (129) and ends (255, 256);
+#: half of the large draws take one of these, the other half any large head dim.
+CHUNK_EDGE_HEAD_DIMS: tuple[int, ...] = (129, 255, 256)
+
 
 def head_dims(
     *, capabilities: Capabilities, device: str = "cpu", max_value: int = 256, common_max: int | None = None
@@ -185,7 +229,8 @@ def head_dims(
     """A head dim the kernel declares on ``device``, at most ``max_value``, smallest first.
 
     With ``common_max``, the dims above it are drawn one time in
-    :data:`LARGE_HEAD_DIM_ODDS` and shrink toward the dims at or below it.
+    :data:`LARGE_HEAD_DIM_ODDS` (half of those times one of
+    :data:`CHUNK_EDGE_HEAD_DIMS`) and shrink toward the dims at or below it.
     """
     check_int("max_value", max_value, min_value=1)
     declared = capabilities.head_dims_on(device)
@@ -202,8 +247,12 @@ def head_dims(
     large = [d for d in supported if d > common_max]
     if not common or not large:
         return st.sampled_from(supported)
-    return st.integers(0, LARGE_HEAD_DIM_ODDS - 1).flatmap(
-        lambda ticket: st.sampled_from(large if ticket == LARGE_HEAD_DIM_ODDS - 1 else common)
+    # sampled_from draws its tickets uniformly; st.integers(0, 7) favours its low end (0 in about 44% of
+    # draws, 7 in about 1 in 13), which made the large head dims rarer than the odds say.
+    edges = [d for d in large if d in CHUNK_EDGE_HEAD_DIMS]
+    large_dims = st.one_of(st.sampled_from(edges), st.sampled_from(large)) if edges else st.sampled_from(large)
+    return st.sampled_from(range(LARGE_HEAD_DIM_ODDS)).flatmap(
+        lambda ticket: large_dims if ticket == LARGE_HEAD_DIM_ODDS - 1 else st.sampled_from(common)
     )
 
 
