@@ -108,8 +108,18 @@ def test_fit_case_rounds_lengths_up_and_keeps_the_rest():
     assert (fitted.seqlen_q, fitted.seqlen_k, fitted.head_dim) == (48, 32, 16)
     assert dataclasses.replace(fitted, seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k, head_dim=spec.head_dim) == spec
     equal = Capabilities.from_mapping({**CPU_FLOAT32, "seqlen_multiple_of": 16, "equal_seqlens": True})
-    assert {(s.seqlen_q, s.seqlen_k) for s in fitted_cases(equal, FIXED_CASES, "cpu")} <= {(n, n) for n in (16, 32, 48)}
+    fitted_equal = fitted_cases(equal, FIXED_CASES, "cpu")
+    assert all(s.seqlen_q == s.seqlen_k and s.seqlen_q % 16 == 0 for s in fitted_equal)
+    assert {s.seqlen_q for s in fitted_equal} == {32, 48, 272}
     assert len(fitted_cases(equal, FIXED_CASES, "cpu")) == len(FIXED_CASES)
+
+
+def test_fit_case_drops_a_deterministic_backward_the_kernel_lacks():
+    spec = next(spec for spec in FIXED_CASES if spec.deterministic)
+    without = Capabilities.from_mapping(CPU_FLOAT32)
+    assert fit_case(spec, without, "cpu") == dataclasses.replace(spec, deterministic=False, head_dim=16)
+    with_mode = Capabilities.from_mapping({**CPU_FLOAT32, "deterministic_backward": True})
+    assert fit_case(spec, with_mode, "cpu").deterministic
 
 
 def test_fit_head_dim_takes_the_next_supported_one():

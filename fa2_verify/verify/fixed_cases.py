@@ -6,7 +6,12 @@ with ``seqlen_q > seqlen_k`` (bottom-right alignment then leaves the first
 rows without a visible key), and one window leaves rows without a visible key
 too.  Head layouts cover MHA, GQA and MQA; head dims 32, 40 and 64; sequence
 lengths are odd (1, 17, 33) or not a multiple of the usual block sizes (40),
-so tail blocks are exercised.  Inputs come from the ``normal`` and ``uniform``
+so tail blocks are exercised.  Two cases carry what production kernels serve
+with paths of their own: a decoding query (``seqlen_q = 1``, GQA) and a short
+query block, each against 257 keys (rows spanning three tiles of 128: the
+split-KV combine, the running max and rescaling across tiles) under a window
+bounded on the left only, with an explicit ``softmax_scale`` and the
+deterministic backward.  Inputs come from the ``normal`` and ``uniform``
 generators with fixed seeds, so every run sees the same numbers.
 
 A kernel with shape constraints (``seqlen_multiple_of``, ``equal_seqlens``,
@@ -25,11 +30,11 @@ from fa2_verify.core.contract import Capabilities
 
 def _case(name: str, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, *, seed: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-          generator: str = "normal") -> CaseSpec:
+          generator: str = "normal", softmax_scale: float | None = None, deterministic: bool = False) -> CaseSpec:
     return CaseSpec(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
         head_dim=head_dim, dtype=dtype, causal=causal, window_size=window_size, generator=generator,
-        seed=seed, backward=True, name=name,
+        seed=seed, backward=True, name=name, softmax_scale=softmax_scale, deterministic=deterministic,
     )
 
 
@@ -44,6 +49,10 @@ FIXED_CASES: tuple[CaseSpec, ...] = (
     _case("fp32-none-gqa", "float32", 1, 33, 17, 4, 2, 40, seed=8, generator="uniform"),
     _case("fp32-causal", "float32", 2, 17, 33, 2, 2, 64, seed=9, causal=True),
     _case("fp32-window-mqa", "float32", 1, 33, 33, 2, 1, 32, seed=10, window_size=(5, 5)),
+    _case("fp16-left-window-decode-gqa", "float16", 1, 1, 257, 4, 2, 64, seed=11, window_size=(200, -1),
+          softmax_scale=0.3, deterministic=True),
+    _case("fp16-left-window-sk257", "float16", 1, 20, 257, 2, 2, 32, seed=12, window_size=(200, -1),
+          softmax_scale=0.3, deterministic=True),
 )
 
 
@@ -55,7 +64,9 @@ def fit_head_dim(head_dim: int, supported: tuple[int, ...]) -> int:
 def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpec | None:
     """``spec`` with its head dim and sequence lengths moved to ones ``capabilities`` supports on ``device``.
 
-    The head dim becomes the next supported one (:func:`fit_head_dim`).  Each
+    The head dim becomes the next supported one (:func:`fit_head_dim`); a
+    kernel without a deterministic backward gets its default one (the case
+    exists for its mask, lengths and scale, which still get verified).  Each
     length is rounded up to its own side's multiple
     (:meth:`Capabilities.fit_seqlen`); with ``equal_seqlens`` both become the
     longer side, rounded to both multiples; None if no length fits.  A case
@@ -64,6 +75,8 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
     head_dim = fit_head_dim(spec.head_dim, capabilities.head_dims_on(device))
     if head_dim != spec.head_dim:
         spec = dataclasses.replace(spec, head_dim=head_dim)
+    if spec.deterministic and not capabilities.deterministic_backward:
+        spec = dataclasses.replace(spec, deterministic=False)
     if capabilities.seqlen_unsupported_reason(spec.seqlen_q, spec.seqlen_k) is None:
         return spec
     if capabilities.equal_seqlens:
