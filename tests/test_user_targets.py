@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import fa2_verify
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.core.contract import NO_LSE_REASON, Capabilities
+from fa2_verify.core.contract import NO_BACKWARD_REASON, NO_LSE_REASON, Capabilities
 from fa2_verify.core.errors import UsageError
 from fa2_verify.properties import shapes
 from fa2_verify.properties.cases import case_specs
@@ -292,6 +292,19 @@ def test_run_verifies_a_bhsd_autograd_kernel_without_lse(tmp_path):
     report = json.loads((tmp_path / "tolerance.json").read_text())
     assert report["verdict"] == "passed" and not any(group["output"] == "lse" for group in report["groups"])
     assert any(entry["reason"] == f"lse: {NO_LSE_REASON}" for entry in report["unsupported"])
+
+
+def test_run_verifies_the_forward_of_a_forward_only_kernel_and_reports_the_gradients_unchecked(tmp_path):
+    code, stdout, _ = _cli("run", "--kernel", "tests.user_kernels:FORWARD_ONLY", "--report", str(tmp_path))
+    assert code == 0
+    assert "fp16-causal                    dq     float16" in stdout and f"unsupported: {NO_BACKWARD_REASON}" in stdout
+    report = json.loads((tmp_path / "tolerance.json").read_text())
+    assert report["verdict"] == "passed" and {group["output"] for group in report["groups"]} == {"out"}
+    capabilities = load_kernel("tests.user_kernels:FORWARD_ONLY").capabilities
+    runnable = [spec for spec in fitted_cases(capabilities, FIXED_CASES, "cpu") if spec.unsupported_reason(capabilities, "cpu") is None]
+    assert runnable and not any(spec.backward for spec in runnable)
+    assert report["summary"] == {"passed": len(runnable), "failed": 0, "unsupported": len(FIXED_CASES) - len(runnable), "error": 0}
+    assert any(entry["reason"] == f"dk: {NO_BACKWARD_REASON}" for entry in report["unsupported"])
 
 
 def test_run_fits_the_fixed_cases_to_a_kernel_needing_multiples_of_16(tmp_path):

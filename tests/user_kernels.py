@@ -5,6 +5,8 @@
 * ``MULTIPLE_OF_16``: attention in (batch, seqlen, heads, head_dim) layout
   that returns ``(out, lse)`` with a base-2 LSE and rejects any sequence length
   that is not a multiple of 16, declared with plain-dict capabilities.
+* ``FORWARD_ONLY``: ``BHSD_NO_LSE``'s function declared without a backward
+  (an inference kernel).
 
 Loadable as ``tests.user_kernels:NAME`` by ``fa2-verify run`` and the property
 suite; nothing else adapts them.
@@ -73,4 +75,11 @@ MULTIPLE_OF_16 = fa2_verify.autograd_target(
         "window": False,
         "seqlen_multiple_of": SEQLEN_MULTIPLE,
     },
+)
+
+FORWARD_ONLY = fa2_verify.autograd_target(
+    bhsd_attention,
+    layout="bhsd",
+    capabilities={"dtypes": {"cpu": ["float16", "float32"]}, "head_dims": [8, 16, 32, 40, 64], "window": False,
+                  "backward": False},
 )

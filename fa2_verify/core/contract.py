@@ -35,6 +35,12 @@ UNBOUNDED = -1
 #: Why an LSE property or output is not checked for a kernel declaring ``lse=False``.
 NO_LSE_REASON = "kernel provides no LSE"
 
+#: Why dq, dk and dv are not checked for a kernel declaring ``backward=False`` (a forward-only kernel).
+NO_BACKWARD_REASON = "kernel has no backward pass"
+
+#: The outputs of the contract's backward.
+GRADIENTS: tuple[str, ...] = ("dq", "dk", "dv")
+
 #: The device types fa2-verify drives; the keys of ``Capabilities.dtypes`` and ``device_head_dims``.
 DEVICE_TYPES: tuple[str, ...] = ("cpu", "cuda")
 
@@ -348,7 +354,10 @@ class Capabilities:
 
     def missing_outputs(self) -> dict[str, str]:
         """Outputs of the contract this kernel does not provide, with the reason (reported as unsupported)."""
-        return {} if self.lse else {"lse": NO_LSE_REASON}
+        missing = {} if self.lse else {"lse": NO_LSE_REASON}
+        if not self.backward:
+            missing.update(dict.fromkeys(GRADIENTS, NO_BACKWARD_REASON))
+        return missing
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form for reports and baselines (:meth:`from_mapping` reads it back)."""

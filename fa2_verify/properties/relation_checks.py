@@ -12,9 +12,10 @@ import torch
 
 from fa2_verify.properties import relations
 from fa2_verify.properties.session import Suite
-from fa2_verify.properties.verdicts import GRADIENTS, bounds_of, call_kernel, compare, conclude, introduce
+from fa2_verify.properties.verdicts import bounds_of, call_kernel, compare, conclude, introduce
 from fa2_verify.verify import error_model
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.contract import GRADIENTS
 from fa2_verify.core.layouts import in_layout
 
 

@@ -33,8 +33,6 @@ from fa2_verify.verify.memory import require_fits
 from fa2_verify.verify.metrics import OutputComparison, describe_failure
 from fa2_verify.verify.results import CaseResult
 
-GRADIENTS = ("dq", "dk", "dv")
-
 
 def score(suite: Suite, label: str, spec: CaseSpec, value: float) -> None:
     """Report one example's score under ``label`` to the run and to ``hypothesis.target``."""

@@ -65,8 +65,10 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
     """``spec`` with its head dim and sequence lengths moved to ones ``capabilities`` supports on ``device``.
 
     The head dim becomes the next supported one (:func:`fit_head_dim`); a
-    kernel without a deterministic backward gets its default one (the case
-    exists for its mask, lengths and scale, which still get verified).  Each
+    kernel without a deterministic backward gets its default one, and a
+    forward-only kernel the forward alone (its dq, dk and dv are reported as
+    not checked: :meth:`Capabilities.missing_outputs`), so the mask, lengths
+    and scale the case exists for still get verified.  Each
     length is rounded up to its own side's multiple
     (:meth:`Capabilities.fit_seqlen`); with ``equal_seqlens`` both become the
     longer side, rounded to both multiples; None if no length fits.  A case
@@ -75,6 +77,8 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
     head_dim = fit_head_dim(spec.head_dim, capabilities.head_dims_on(device))
     if head_dim != spec.head_dim:
         spec = dataclasses.replace(spec, head_dim=head_dim)
+    if spec.backward and not capabilities.backward:
+        spec = dataclasses.replace(spec, backward=False, deterministic=False)
     if spec.deterministic and not capabilities.deterministic_backward:
         spec = dataclasses.replace(spec, deterministic=False)
     if capabilities.seqlen_unsupported_reason(spec.seqlen_q, spec.seqlen_k) is None:

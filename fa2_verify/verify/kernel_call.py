@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from fa2_verify.core.contract import dtype_name
+from fa2_verify.core.contract import GRADIENTS, dtype_name
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed
@@ -141,7 +141,7 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
         handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
         handed |= {name: outputs[name].clone() if name in outputs else None for name in ("out", "lse")}
         outputs |= call_entry(
-            kernel, "backward", handed, ("dq", "dk", "dv"), layouts, device,
+            kernel, "backward", handed, GRADIENTS, layouts, device,
             lambda dout, q, k, v, out, lse: kernel.backward(
                 dout, q, k, v, out, lse, deterministic=spec.deterministic, **masking
             ),
@@ -177,7 +177,7 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
         handed = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
         handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone() if "lse" in outputs else None, **sequences}
         outputs |= call_entry(
-            kernel, "backward_varlen", handed, ("dq", "dk", "dv"), layouts, packed.q.device,
+            kernel, "backward_varlen", handed, GRADIENTS, layouts, packed.q.device,
             lambda dout, q, k, v, out, lse, cu_q, cu_k: kernel.target.backward_varlen(
                 dout, q, k, v, out, lse, cu_q, cu_k, *max_lengths, deterministic=spec.deterministic, **masking
             ),
