@@ -65,6 +65,12 @@ def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_
     return spec
 
 
+def backward_modes(capabilities: Capabilities) -> st.SearchStrategy[bool]:
+    """A backward's ``deterministic`` flag: the default mode or, when the kernel has one, the
+    deterministic mode (shrinking toward default), so both backward paths are searched."""
+    return st.booleans() if capabilities.deterministic_backward else st.just(False)
+
+
 def case_specs(
     *,
     capabilities: Capabilities,
@@ -115,7 +121,7 @@ def case_specs(
         min_group=min_group,
         min_heads_q=min_heads_q,
     )
-    modes = st.booleans() if capabilities.deterministic_backward else st.just(False)
+    modes = backward_modes(capabilities)
     batch_strategy = shapes.batches(min_value=min_batch, max_value=limits.max_batch)
     seqlen_strategy = shapes.seqlen_pairs(max_value=limits.max_seqlen, capabilities=capabilities)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.properties import inputs, masks, shapes
-from fa2_verify.properties.cases import fit_budget
+from fa2_verify.properties.cases import backward_modes, fit_budget
 from fa2_verify.properties.profiles import Limits
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.varlen import VarlenSpec
@@ -23,11 +23,14 @@ def varlen_specs(
     *, capabilities: Capabilities, device: str, limits: Limits, backward: bool = False, dtypes: tuple[str, ...] | None = None
 ) -> st.SearchStrategy[VarlenSpec]:
     """Packed batches of 1 to 4 sequences, often with an empty one, inside the kernel's capabilities
-    (each sequence's lengths as :func:`properties.shapes.seqlen_pairs` draws them)."""
+    (each sequence's lengths as :func:`properties.shapes.seqlen_pairs` draws them); a backward case
+    draws its mode (:func:`properties.cases.backward_modes`), as the varlen deterministic backward is
+    a path of its own."""
     if not capabilities.varlen:
         raise UsageError("the kernel has no varlen entry points (capabilities.varlen is False); draw padded cases")
     if backward and not capabilities.backward:
         raise UsageError("backward=True: the kernel has no backward pass; draw forward cases only")
+    modes = backward_modes(capabilities)
     pairs = shapes.seqlen_pairs(min_value=0, max_value=limits.max_seqlen, capabilities=capabilities)
 
     @st.composite
@@ -66,6 +69,7 @@ def varlen_specs(
             generator=draw(inputs.generator_names()),
             seed=draw(inputs.seeds()),
             backward=backward,
+            deterministic=draw(modes) if backward else False,
         )
 
     return build()
