@@ -22,6 +22,7 @@ import torch
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.core.errors import UsageError
+from fa2_verify.core.layouts import to_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +107,24 @@ def _cumulative(lengths: list[int], device: str) -> torch.Tensor:
     return torch.tensor([0, *torch.tensor(lengths, dtype=torch.int64).cumsum(0).tolist()], dtype=torch.int32, device=device)
 
 
-def pack(spec: VarlenSpec, device: str) -> Packed:
-    """Build every sequence's inputs and pack them (flash-attn varlen layout)."""
+def pack(spec: VarlenSpec, device: str, layout: str = "contiguous") -> Packed:
+    """Build every sequence's inputs and pack them (flash-attn varlen layout), q, k, v and dout in the
+    memory ``layout`` of :data:`core.layouts.LAYOUTS` (a packed tensor is one batch of ``total`` rows):
+    varlen inputs are often views, e.g. q, k, v sliced from one packed qkv tensor."""
     cases = tuple(make_case(spec.sequence(index), device) for index in range(len(spec.seqlens)))
+
+    def packed(name: str) -> torch.Tensor:
+        return to_layout(torch.cat([getattr(case, name)[0] for case in cases])[None], layout)[0]
+
     lengths_q = [seqlen_q for seqlen_q, _ in spec.seqlens]
     lengths_k = [seqlen_k for _, seqlen_k in spec.seqlens]
     return Packed(
         spec=spec,
         cases=cases,
-        q=torch.cat([case.q[0] for case in cases]),
-        k=torch.cat([case.k[0] for case in cases]),
-        v=torch.cat([case.v[0] for case in cases]),
-        dout=torch.cat([case.dout[0] for case in cases]),
+        q=packed("q"),
+        k=packed("k"),
+        v=packed("v"),
+        dout=packed("dout"),
         cu_seqlens_q=_cumulative(lengths_q, device),
         cu_seqlens_k=_cumulative(lengths_k, device),
         max_seqlen_q=max(lengths_q),

@@ -50,11 +50,12 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
         raise PropertyFailure(describe_failure(result, bad[0]))
 
 
-def varlen_within_error_model(suite: Suite, spec: VarlenSpec) -> None:
-    """Each packed sequence's outputs within ``tau * B`` of the golden of that sequence alone."""
-    note(f"varlen case: {spec.describe()}")
+def varlen_within_error_model(suite: Suite, spec: VarlenSpec, layout: str = "contiguous") -> None:
+    """Each packed sequence's outputs, its inputs packed in the memory ``layout``
+    (:data:`core.layouts.LAYOUTS`), within ``tau * B`` of the golden of that sequence alone."""
+    note(f"varlen case: {spec.describe()}, {layout} inputs")
     suite.running(spec)
-    results = check_varlen(suite.kernel, pack(spec, suite.device), golden_options=suite.golden_options)
+    results = check_varlen(suite.kernel, pack(spec, suite.device, layout), golden_options=suite.golden_options)
     if results[0].status == "unsupported":
         verdicts.declined(suite, results[0].reason or "")
     if results[0].status == "error":
@@ -68,4 +69,4 @@ def varlen_within_error_model(suite: Suite, spec: VarlenSpec) -> None:
     for index, result in enumerate(results):
         broken = next((name for name, comparison in result.comparisons.items() if not comparison.passed), None)
         if broken is not None:
-            raise PropertyFailure(f"sequence {index} of varlen case {spec.describe()}:\n" + describe_failure(result, broken))
+            raise PropertyFailure(f"sequence {index} of varlen case {spec.describe()}, {layout} inputs:\n" + describe_failure(result, broken))
