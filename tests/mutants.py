@@ -2,7 +2,8 @@
 
 Every mutant is :class:`kernels.reference.TiledAttention` (deferred rescaling,
 the same tiles as ``reference``, except :class:`LargeTileStaleMax`'s 128 x 128)
-with one of its documented steps replaced.
+with one of its documented steps replaced; a :class:`VarlenMutant` also has varlen
+entry points, one step of which is replaced.
 They implement the kernel contract and claim the reference's capabilities, so
 any check that passes the reference and misses a mutant has a blind spot.
 Load one as ``tests.mutants:NAME`` (with the repository root on ``sys.path``);
@@ -18,6 +19,7 @@ deviation that only appears past a size limit (:class:`ScaleMutant`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 from typing import Any
@@ -310,6 +312,74 @@ class SplitKvLseMax(Mutant):
         return out, torch.stack(chunks, -1).amax(-1).to(torch.float32)
 
 
+class VarlenMutant(Mutant):
+    """A varlen kernel: the varlen entry points of :mod:`core.contract` run each packed sequence
+    (``cu_seqlens``) through this kernel's padded path; subclasses replace one step of the packing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.capabilities = dataclasses.replace(self.capabilities, varlen=True)
+
+    def _packed_q(self, q: torch.Tensor) -> torch.Tensor:
+        """The packed queries as the kernel reads them."""
+        return q
+
+    def _add_varlen_dq(self, deterministic: bool) -> None:
+        """Set up the dQ accumulation of a varlen backward in mode ``deterministic``."""
+
+    @staticmethod
+    def _spans(cu_seqlens_q, cu_seqlens_k):
+        bounds = zip(cu_seqlens_q.tolist(), cu_seqlens_q.tolist()[1:], cu_seqlens_k.tolist(), cu_seqlens_k.tolist()[1:])
+        return [(slice(q0, q1), slice(k0, k1)) for q0, q1, k0, k1 in bounds]
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale,
+                       causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        q = self._packed_q(q)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[1], q.shape[0], dtype=torch.float32, device=q.device)
+        for rows, keys in self._spans(cu_seqlens_q, cu_seqlens_k):
+            o, l = self.forward(q[None, rows], k[None, keys], v[None, keys], softmax_scale=softmax_scale, causal=causal,
+                                window_size=window_size)
+            out[rows], lse[:, rows] = o[0], l[0]
+        return out, lse
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                        softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        self._add_varlen_dq(deterministic)
+        try:
+            for rows, keys in self._spans(cu_seqlens_q, cu_seqlens_k):
+                grads = self.backward(dout[None, rows], q[None, rows], k[None, keys], v[None, keys], out[None, rows],
+                                      lse[None, :, rows], softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+                dq[rows], dk[keys], dv[keys] = grads[0][0], grads[1][0], grads[2][0]
+        finally:
+            self._add_varlen_dq(False)
+        return dq, dk, dv
+
+
+class VarlenDeterministicDqDropsLastBlock(VarlenMutant):
+    """Varlen deterministic mode only: ``backward_varlen(deterministic=True)`` reduces each sequence's dQ
+    over key blocks by a path that never adds the last key block's ``dS K_j`` (Algorithm 2, line 15);
+    the default varlen mode and the padded deterministic backward are right."""
+
+    _drop_last = False
+
+    def _add_varlen_dq(self, deterministic):
+        self._drop_last = deterministic
+
+    def _add_dq(self, dq, rows, update, key_block, num_key_blocks):
+        if not (self._drop_last and key_block == num_key_blocks - 1 and num_key_blocks > 1):
+            super()._add_dq(dq, rows, update, key_block, num_key_blocks)
+
+
+class VarlenQAssumedContiguous(VarlenMutant):
+    """``forward_varlen`` reads q with the strides of a contiguous (total_q, heads, head_dim) tensor whatever
+    its strides: q sliced from a packed qkv tensor, or with padding rows, is read from the wrong addresses."""
+
+    def _packed_q(self, q):
+        return torch.as_strided(q, q.shape, torch.empty(q.shape).stride(), q.storage_offset())
+
+
 LSE_BASE2 = LseBase2()
 CAUSAL_SHIFT = CausalShift()
 TOP_LEFT_CAUSAL = TopLeftCausal()
@@ -334,6 +404,8 @@ DECODE_IGNORES_WINDOW = DecodeIgnoresWindow()
 DETERMINISTIC_DQ_DROPS_LAST_BLOCK = DeterministicDqDropsLastBlock()
 LARGE_TILE_STALE_MAX = LargeTileStaleMax()
 SPLIT_KV_LSE_MAX = SplitKvLseMax()
+VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK = VarlenDeterministicDqDropsLastBlock()
+VARLEN_Q_ASSUMED_CONTIGUOUS = VarlenQAssumedContiguous()
 
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
 MUTANTS: dict[str, Mutant] = {

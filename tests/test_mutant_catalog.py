@@ -9,9 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+import dataclasses
+
 from fa2_verify.kernels.reference import DEFERRED, TiledAttention
 from fa2_verify.core.case import CaseSpec, make_case
-from tests import mutants
+from fa2_verify.core.varlen import VarlenSpec, pack
+from fa2_verify.verify.kernel_call import run_varlen
+from fa2_verify.verify.registry import LoadedKernel
+from tests import breakers, mutants
 from tests.naive import make_inputs, relative_error
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
@@ -20,7 +25,8 @@ from fa2_verify.verify.registry import load_kernel
 DEVIATION = 1e-2
 
 #: mutant -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, call arguments
-#: (standard normal inputs), or a case spec: a case that triggers the mutant's bug.
+#: (standard normal inputs), or a case spec: a case that triggers the mutant's bug; for a varlen
+#: mutant, a packed batch and the memory layout of its inputs (core.layouts).
 TRIGGERS = {
     "LSE_BASE2": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "CAUSAL_SHIFT": ((1, 40, 40, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "causal": True}),
@@ -44,6 +50,16 @@ TRIGGERS = {
     "DETERMINISTIC_DQ_DROPS_LAST_BLOCK": ((1, 20, 64, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "deterministic": True}),
     "LARGE_TILE_STALE_MAX": ((1, 4, 256, 2, 2, 16), torch.float32, {"softmax_scale": 1.0}),
     "SPLIT_KV_LSE_MAX": ((1, 4, 200, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
+    "VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK": (
+        VarlenSpec.packing(((20, 64), (7, 40)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32", softmax_scale=0.3,
+                           backward=True, deterministic=True),
+        "contiguous",
+    ),
+    "VARLEN_Q_ASSUMED_CONTIGUOUS": (
+        VarlenSpec.packing(((20, 24), (7, 40)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32", softmax_scale=0.3,
+                           backward=True),
+        "strided-seqlen",
+    ),
     # bugs that standard normal inputs do not reach: a case from a value generator of core.values
     "SKIP_SMALL_RESCALE": CaseSpec(batch=1, seqlen_q=20, seqlen_k=70, heads_q=2, heads_kv=1, head_dim=16,
                                    dtype="float64", generator="rescale-storm", seed=0),
@@ -69,7 +85,7 @@ def test_catalog_is_complete() -> None:
 def test_mutant_loads_and_documents_its_bug(name: str) -> None:
     kernel = load_kernel(f"tests.mutants:{name}")
     assert kernel.target is mutants.MUTANTS[name] and isinstance(kernel.target, TiledAttention)
-    assert kernel.capabilities == DEFERRED.capabilities
+    assert dataclasses.replace(kernel.capabilities, varlen=False) == DEFERRED.capabilities
     assert kernel.config()["mutant"] == type(kernel.target).__name__
     assert len((type(kernel.target).__doc__ or "").split()) >= 12
 
@@ -77,6 +93,11 @@ def test_mutant_loads_and_documents_its_bug(name: str) -> None:
 def _run(kernel, trigger):
     """Every output; out and lse as forward returned them (backward gets copies, and ``deterministic``
     if the trigger names it)."""
+    if isinstance(trigger, tuple) and isinstance(trigger[0], VarlenSpec):
+        spec, layout = trigger
+        if kernel is DEFERRED:  # the reference has no varlen entry points: run it sequence by sequence
+            kernel = breakers.VARLEN_BY_LOOP
+        return run_varlen(LoadedKernel("trigger", kernel), pack(spec, "cpu", layout), backward=True)
     if isinstance(trigger, CaseSpec):
         case = make_case(trigger)
         q, k, v, dout = case.q, case.k, case.v, case.dout
