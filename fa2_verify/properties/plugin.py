@@ -154,6 +154,7 @@ def pytest_configure(config: pytest.Config) -> None:
     device_option = config.getoption("fa2_device")
     dtypes_option = config.getoption("fa2_dtypes")
     dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
+    device = DEFAULT_DEVICE if device_option is None else device_option
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option)) if value is not None),
@@ -161,11 +162,9 @@ def pytest_configure(config: pytest.Config) -> None:
         )
         if alone is not None:
             raise pytest.UsageError(f"{alone} needs {KERNEL_REQUIRED}")
-        device = DEFAULT_DEVICE
     else:
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
-        device = DEFAULT_DEVICE if device_option is None else device_option
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
     config.stash[_options_key] = {
         "kernel": kernel_name,
