@@ -43,6 +43,8 @@ def run_check(name: str) -> subprocess.CompletedProcess:
         "strided_inputs_give_identical_results",
         "registry_and_capabilities_under_interpreter",
         "bench_check_section_passes_and_fails_a_wrong_mask",
+        "reads_and_writes_stay_in_bounds",
+        "bounds_check_fails_on_a_read_before_a_tensor",
     ],
 )
 def test_interpreter_check(check: str) -> None:

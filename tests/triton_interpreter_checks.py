@@ -22,11 +22,13 @@ import torch
 
 from fa2_verify.bench import checks
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.layouts import to_layout
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.verify.check import check_case, check_varlen
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
+from tests.interpreter_bounds import bounds_checked, guarded
 from tests.naive import make_inputs
 
 SCALE = 0.3
@@ -155,3 +157,53 @@ def bench_check_section_passes_and_fails_a_wrong_mask() -> None:
         assert record["passed"], record
     control = checks.negative_control(device="cpu", spec=dense)
     assert control["failed_as_it_must"], control
+
+
+def reads_and_writes_stay_in_bounds() -> None:
+    """Every address the kernels touch lies inside their tensor arguments (tests/interpreter_bounds.py),
+    dense and packed, both backward modes, with inputs in strided layouts and guards around them.
+
+    The packed batches put a short sequence first: the grid covers the longest sequence, so programs
+    past the short one's last query tile exist, and must load nothing (row -1 of sequence 0 lies
+    before the tensor: a fault on a GPU when that address is unmapped)."""
+    kernel = _kernel()
+    with bounds_checked():
+        for name in ("causal-window-sk>sq", "window-gqa-d40", "one-query"):
+            case = make_case(_spec(name, "float32"))
+            mask = {"causal": case.spec.causal, "window_size": case.spec.window_size}
+            q, k, v, dout = (guarded(to_layout(getattr(case, t), "strided-seqlen")) for t in ("q", "k", "v", "dout"))
+            out, lse = kernel.forward(q, k, v, softmax_scale=SCALE, **mask)
+            for deterministic in (False, True):
+                kernel.backward(dout, q, k, v, out, lse, softmax_scale=SCALE, deterministic=deterministic, **mask)
+        for layout in ("contiguous", "heads-major"):
+            spec = VarlenSpec.packing(((9, 40), (0, 5), (40, 33), (23, 0)), heads_q=4, heads_kv=2, head_dim=40,
+                                      dtype="float32", window_size=(11, -1), softmax_scale=SCALE, seed=3)
+            packed = pack(spec, "cpu", layout)
+            q, k, v, dout = (guarded(getattr(packed, t)) for t in ("q", "k", "v", "dout"))
+            lengths = (packed.cu_seqlens_q, packed.cu_seqlens_k, packed.max_seqlen_q, packed.max_seqlen_k)
+            out, lse = kernel.forward_varlen(q, k, v, *lengths, softmax_scale=SCALE, window_size=(11, -1))
+            for deterministic in (False, True):
+                kernel.backward_varlen(dout, q, k, v, out, lse, *lengths, softmax_scale=SCALE,
+                                       window_size=(11, -1), deterministic=deterministic)
+
+
+def bounds_check_fails_on_a_read_before_a_tensor() -> None:
+    """The bounds check can fail: a copy kernel that reads one element before its input."""
+    _kernel()
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def shifted_copy(X, Y, n, SHIFT: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.arange(0, BLOCK)
+        tl.store(Y + offsets, tl.load(X + offsets + SHIFT, mask=offsets < n), mask=offsets < n)
+
+    x = guarded(torch.arange(8, dtype=torch.float32))
+    with bounds_checked():
+        shifted_copy[(1,)](x, torch.empty_like(x), 8, SHIFT=0, BLOCK=8)
+        try:
+            shifted_copy[(1,)](x, torch.empty_like(x), 8, SHIFT=-1, BLOCK=8)
+        except Exception as raised:  # the interpreter wraps the check's AssertionError
+            assert "4 bytes before" in str(raised), raised
+        else:
+            raise AssertionError("a read one element before the input passed the bounds check")

@@ -246,8 +246,8 @@ def _query_program(Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_q
         q = tl.zeros([BLOCK_M, BLOCK_D], dtype=Q.dtype.element_ty)
         if m0 >= 0:  # a descriptor load must not start past the rows
             q = _source(q_base, sq, stride_qs, head_dim, BLOCK_M, BLOCK_D, USE_TMA).load([m0, 0])
-    else:  # a program past the last tile loads nothing: every row is masked
-        q = _load_tile(q_base, rows, stride_qs, offs_d, tl.where(m0 < 0, 0, sq), head_dim, True)
+    else:  # a program past the last tile loads nothing: its rows start at m0 = -1, so an extent of m0 masks all
+        q = _load_tile(q_base, rows, stride_qs, offs_d, tl.where(m0 < 0, m0, sq), head_dim, True)
     return b, h, h_kv, q_start, sq, k_start, sk, m0, rows, offs_d, q
 
 

@@ -1,0 +1,103 @@
+"""A bounds check for Triton kernels run by the CPU interpreter (``TRITON_INTERPRET=1``).
+
+On a GPU, a load just outside a tensor reads whatever lies there and goes
+unnoticed, until the address falls in an unmapped page: then the CUDA
+context faults ("an illegal memory access was encountered"), every later
+call in the process fails, and under CUDA MPS every client process with it.
+Which case did it cannot be told from there.  The interpreter runs each
+``tl.load``, ``tl.store`` and atomic as a NumPy gather or scatter over raw
+addresses, so here the check is exact: under :func:`bounds_checked`, every
+address a kernel touches with its mask on must lie inside one of the tensors
+it was launched with, or the launch raises ``AssertionError`` naming the
+operation and how far outside the nearest tensor it went.
+
+A tensor's allowed span runs from its first to one past its last element
+(strides are non-negative).  A read just before or after an input could still
+land inside a neighbouring allocation; :func:`guarded` places a tensor in the
+middle of a storage three times its span, so that such a read lands in its
+own guard, which no launch argument covers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+def guarded(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s values and strides, in the middle third of a NaN-filled storage (integers: -1)."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+    fill = float("nan") if tensor.dtype.is_floating_point else -1
+    storage = torch.full((3 * span,), fill, dtype=tensor.dtype)
+    view = storage.as_strided(tensor.shape, tensor.stride(), storage_offset=span)
+    view.copy_(tensor)
+    return view
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
+    """[first byte, one past the last byte) of ``tensor``'s elements, or ``None`` when it has none."""
+    if tensor.numel() == 0:
+        return None
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
+    return tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size()
+
+
+@contextlib.contextmanager
+def bounds_checked() -> Iterator[None]:
+    """Within the block, interpreted kernels may touch only the elements of their tensor arguments."""
+    from triton.runtime import interpreter
+
+    spans: list[tuple[int, int]] = []
+    executor = interpreter.GridExecutor
+    builder = interpreter.InterpreterBuilder
+    originals = {
+        "call": executor.__call__,
+        "load": builder.create_masked_load,
+        "store": builder.create_masked_store,
+        "atomic": builder.create_atomic_rmw,
+    }
+
+    def launch(self, *args, **kwargs):
+        spans[:] = [span for arg in (*args, *kwargs.values()) if isinstance(arg, torch.Tensor)
+                    if (span := _span(arg)) is not None]
+        return originals["call"](self, *args, **kwargs)
+
+    def check(operation: str, pointers, mask) -> None:
+        size = np.dtype(interpreter._get_np_dtype(pointers.get_element_ty())).itemsize
+        addresses = pointers.data[mask.data.astype(bool)].astype(np.int64)
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for first, end in spans:
+            inside |= (addresses >= first) & (addresses + size <= end)
+        if not inside.all():
+            outside = addresses[~inside]
+            first_outside = int(outside[0])
+            first, end = min(spans, key=lambda span: min(abs(first_outside - span[0]), abs(first_outside - span[1])))
+            where = (f"{first - first_outside} bytes before" if first_outside < first
+                     else f"{first_outside + size - end} bytes past the end of")
+            raise AssertionError(f"{operation} of {outside.size} element(s) outside every tensor argument, "
+                                 f"the first {where} the nearest one")
+
+    def load(self, pointers, mask, other, *args, **kwargs):
+        check("load", pointers, mask)
+        return originals["load"](self, pointers, mask, other, *args, **kwargs)
+
+    def store(self, pointers, value, mask, *args, **kwargs):
+        check("store", pointers, mask)
+        return originals["store"](self, pointers, value, mask, *args, **kwargs)
+
+    def atomic(self, operation, pointers, value, mask, *args, **kwargs):
+        check("atomic", pointers, mask)
+        return originals["atomic"](self, operation, pointers, value, mask, *args, **kwargs)
+
+    executor.__call__ = launch
+    builder.create_masked_load, builder.create_masked_store, builder.create_atomic_rmw = load, store, atomic
+    try:
+        yield
+    finally:
+        executor.__call__ = originals["call"]
+        builder.create_masked_load = originals["load"]
+        builder.create_masked_store = originals["store"]
+        builder.create_atomic_rmw = originals["atomic"]
