@@ -35,6 +35,13 @@ class PropertyFailure(AssertionError):
     """The invariant does not hold on the drawn example; the message explains it and how to reproduce it."""
 
 
+class DeviceLost(BaseException):
+    """The CUDA device faulted (an illegal address, say), which ends its context: every later call in the
+    process raises the same error, whatever the case.  A ``BaseException``, so Hypothesis neither replays
+    nor shrinks the example (each replay would fail for the lost context, not for the case, and shrinking
+    would end on a meaningless minimal case); pytest reports it as the test's failure, with the case."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Property:
     """One declared property: ``name``, ``invariant`` (an equation), ``check(suite, data)``, ``requires``, ``breaker``."""

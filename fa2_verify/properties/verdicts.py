@@ -21,7 +21,7 @@ import torch
 from hypothesis import note, reject, target
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.declaration import PropertyFailure
+from fa2_verify.properties.declaration import DeviceLost, PropertyFailure
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
@@ -47,7 +47,15 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
 
     A case larger than the memory free (:func:`verify.memory.require_fits`)
     is declined before anything is allocated, counted as unsupported with the estimate.
+    On a CUDA device that has faulted before (:func:`device_fault`) the example
+    ends at once with :class:`DeviceLost`: it cannot run, and it is not the cause.
     """
+    fault = device_fault(suite.device)
+    if fault is not None:
+        raise DeviceLost(
+            f"{suite.device} had faulted before this example ({fault}); the cause is an earlier case of this "
+            "process, or of any process sharing the GPU under CUDA MPS, not this one"
+        )
     note(f"reproduce: {spec.reproduction(suite.kernel.name, suite.device)}")
     suite.running(spec)
     try:
@@ -62,9 +70,30 @@ def declined(suite: Suite, reason: str) -> NoReturn:
     reject()
 
 
+def device_fault(device: str) -> str | None:
+    """The error a CUDA ``device`` raises once a kernel has faulted on it (the context is then lost: every
+    later call raises it), or ``None`` while it works; ``None`` off CUDA."""
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as error:  # noqa: BLE001 - whatever the error, the context can run nothing more
+        return str(error).splitlines()[0]
+    return None
+
+
 def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> NoReturn:
-    """Fail the example of a kernel that raised or broke the contract."""
+    """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
+    ended the CUDA context, so that the case is reported as it is rather than replayed and shrunk."""
     suite.observe(label, math.inf, spec)
+    fault = device_fault(suite.device)
+    if fault is not None:
+        raise DeviceLost(
+            f"{suite.kernel.name} on {suite.device}: the CUDA context faulted in this case ({fault}), so nothing "
+            "after it in this process can run; the case is not shrunk (under CUDA MPS the fault may come from "
+            f"another process sharing the GPU); reproduce it in a new process: "
+            f"{spec.reproduction(suite.kernel.name, suite.device)}"
+        )
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
     raise PropertyFailure(describe_failure(result))
 
