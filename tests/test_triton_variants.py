@@ -95,9 +95,16 @@ def test_what_stays_compile_time():
 @needs_compiler
 @pytest.mark.parametrize("layout", ["heads-major", "padded-head-dim", "strided-seqlen"])
 def test_the_property_layouts_share_the_contiguous_variants(layout):
-    """Every stride of these layouts is a multiple of 16 bytes, as in the contiguous layout: same variants."""
-    spec = dataclasses.replace(BASE, head_dim=40)
-    assert _keys([spec], layout=layout) == _keys([spec])
+    """Every stride of these layouts is a multiple of 16 bytes, as in the contiguous layout: same variants,
+    dense and packed (the varlen property draws its layout too)."""
+    from fa2_verify.core.varlen import VarlenSpec
+    from fa2_verify.kernels.triton_fa2 import variants
+
+    packed = VarlenSpec.packing(((3, 0), (17, 40)), heads_q=2, heads_kv=1, head_dim=40, dtype="float16", backward=True)
+    for spec in (dataclasses.replace(BASE, head_dim=40), packed):
+        strides = [plan.args[7:16] for plan in variants.launches(spec, layout=layout)[:1]]
+        assert strides != [plan.args[7:16] for plan in variants.launches(spec)[:1]], "the layout was not applied"
+        assert _keys([spec], layout=layout) == _keys([spec])
 
 
 @needs_compiler

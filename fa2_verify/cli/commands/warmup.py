@@ -71,7 +71,8 @@ def _related(spec: CaseSpec, relation: str, layout: str) -> list[tuple[CaseSpec,
 
 def profile_cases(profile_name: str, examples: int) -> list[tuple[CaseSpec, str]]:
     """(case, layout) pairs that the ``triton`` kernel runs on a GPU under ``profile_name``: ``examples``
-    draws of each property's case strategy (:data:`DRAWS`, and the varlen cases) with the related cases."""
+    draws of each property's case strategy (:data:`DRAWS`, and the varlen cases, each in a layout as the
+    varlen property draws it) with the related cases."""
     from hypothesis import strategies as st
 
     from fa2_verify.properties.cases import case_specs
@@ -86,7 +87,7 @@ def profile_cases(profile_name: str, examples: int) -> list[tuple[CaseSpec, str]
         for spec, layout in _draw(strategy, examples):
             cases += _related(spec, relation, layout)
     varlen = varlen_specs(capabilities=capabilities, device="cuda", limits=limits, backward=True)
-    cases += [(spec, "contiguous") for spec in _draw(varlen, examples)]
+    cases += _draw(st.tuples(varlen, st.sampled_from(LAYOUTS)), examples)
     return cases
 
 

@@ -57,13 +57,15 @@ def _problem(spec: CaseSpec, varlen: bool) -> Problem:
 
 
 def _inputs(spec: CaseSpec, varlen: bool, layout: str) -> tuple[torch.Tensor, ...]:
-    """q, k, v, dout of ``spec`` on the meta device: dense in ``layout``, or packed (total, heads, head_dim)."""
+    """q, k, v, dout of ``spec`` on the meta device in ``layout``: dense, or packed (total, heads, head_dim)
+    as :func:`core.varlen.pack` lays them out (one batch of ``total`` rows)."""
     dtype = spec.torch_dtype
     if varlen:
         seqlens = getattr(spec, "seqlens")
         total_q, total_k = sum(q for q, _ in seqlens), sum(k for _, k in seqlens)
         q_shape, k_shape = (total_q, spec.heads_q, spec.head_dim), (total_k, spec.heads_kv, spec.head_dim)
-        return tuple(torch.empty(shape, dtype=dtype, device=_META) for shape in (q_shape, k_shape, k_shape, q_shape))
+        return tuple(to_layout(torch.empty((1, *shape), dtype=dtype, device=_META), layout)[0]
+                     for shape in (q_shape, k_shape, k_shape, q_shape))
     q_shape = (spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim)
     k_shape = (spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim)
     return tuple(to_layout(torch.empty(shape, dtype=dtype, device=_META), layout)
