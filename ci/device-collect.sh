@@ -12,5 +12,5 @@ for ((elapsed = 0; elapsed < wait; elapsed += 10)); do
 done
 tar czf "$OUT/steps.tgz" --exclude='*-cache' --exclude='examples-*' -C "$dir" .
 cat "$dir/steps.txt" 2>/dev/null
-ls -la "$dir" "$dir"/* 2>/dev/null | tail -n 30
+find "$dir" -maxdepth 2 -type f -printf "%TH:%TM %10s %p\n" | sort | tail -n 30
 nvidia-smi --query-gpu=memory.used --format=csv,noheader

@@ -2,7 +2,7 @@
 
 Runs random dense and packed (varlen) cases, forward and both backward modes,
 through the Triton interpreter under the bounds check of
-``tests/interpreter_bounds.py``, with the ``sm90`` tile table (the H100's
+``fa2_verify/verify/interpreter_bounds.py``, with the ``sm90`` tile table (the H100's
 tiles, not the interpreter's 16 x 16 ones) and, with ``--tma``, the TMA tensor
 descriptor loads the kernels use there.  Inputs are guarded and drawn in the
 property suite's memory layouts; lengths sit at and around the tile edges.
@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from fa2_verify.core.layouts import LAYOUTS, to_layout  # noqa: E402
 from fa2_verify.kernels.triton_fa2 import configs, launch  # noqa: E402
-from tests.interpreter_bounds import bounds_checked, guarded  # noqa: E402
+from fa2_verify.verify.interpreter_bounds import bounds_checked, guarded  # noqa: E402
 
 LENGTHS = (1, 2, 17, 63, 64, 65, 127, 128, 129, 200, 255, 256, 257)
 HEAD_DIMS = (32, 40, 64, 72, 96, 128, 136, 192, 256)

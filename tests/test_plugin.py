@@ -8,6 +8,7 @@ kernel module written by the test load by ``module:attr``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -68,6 +69,10 @@ BAD_OPTIONS = {
     "empty-profile": ("--fa2-profile=", "--fa2-profile=: not a profile"),
     "empty-examples-dir": ("--fa2-examples-dir=", "--fa2-examples-dir=: names no directory"),
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
+    "bounds-check-without-kernel": ("--fa2-bounds-check", "--fa2-bounds-check needs --fa2-kernel=NAME|module:attr"),
+    "bounds-check-without-interpreter": (
+        "--fa2-kernel=reference --fa2-bounds-check", "--fa2-bounds-check needs TRITON_INTERPRET=1 set before pytest"
+    ),
 }
 
 
@@ -101,6 +106,21 @@ def test_a_module_that_exits_on_import_is_a_usage_error(run, pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--fa2-kernel=exits_on_import:KERNEL*cannot import module*SystemExit: 0*"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_bounds_check_fails_a_stray_read_that_passes_without_it(run, monkeypatch):
+    """``--fa2-bounds-check``: a kernel that reads one element before q fails with the access and the case;
+    the same run without the flag passes (the stray value never reaches an output)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    suite = ("--pyargs", "fa2_verify.properties", "-k", "test_out_within_error_model",
+             "--fa2-kernel=tests.stray_read:KERNEL", "--fa2-profile=ci", "--fa2-dtypes=float32")
+    unchecked = run(*suite)
+    assert unchecked.ret == pytest.ExitCode.OK, unchecked.stdout.str()[-2000:]
+    checked = run(*suite, "--fa2-bounds-check")
+    assert checked.ret == pytest.ExitCode.TESTS_FAILED
+    checked.stdout.fnmatch_lines(["*load of 1 element(s) outside every tensor argument, the first 4 bytes before*",
+                                  "*fa2-verify repro --kernel tests.stray_read:KERNEL*"])
 
 
 def test_a_kernel_that_exits_in_backward_fails_the_property_naming_it(run):

@@ -25,10 +25,10 @@ from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.layouts import to_layout
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.verify.check import check_case, check_varlen
+from fa2_verify.verify.interpreter_bounds import bounds_checked, guarded
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
-from tests.interpreter_bounds import bounds_checked, guarded
 from tests.naive import make_inputs
 
 SCALE = 0.3
@@ -160,7 +160,7 @@ def bench_check_section_passes_and_fails_a_wrong_mask() -> None:
 
 
 def reads_and_writes_stay_in_bounds() -> None:
-    """Every address the kernels touch lies inside their tensor arguments (tests/interpreter_bounds.py),
+    """Every address the kernels touch lies inside their tensor arguments (fa2_verify/verify/interpreter_bounds.py),
     dense and packed, both backward modes, with inputs in strided layouts and guards around them.
 
     The packed batches put a short sequence first: the grid covers the longest sequence, so programs

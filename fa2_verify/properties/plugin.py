@@ -96,6 +96,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="comma-separated dtypes to draw (default: every dtype the kernel supports on the device)",
     )
     group.addoption(
+        "--fa2-bounds-check",
+        action="store_true",
+        default=False,
+        help="with TRITON_INTERPRET=1: fail any example whose Triton kernel touches memory outside its tensor "
+        "arguments (a load past a tensor that faults a GPU only where the page is unmapped)",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -155,9 +162,11 @@ def pytest_configure(config: pytest.Config) -> None:
     dtypes_option = config.getoption("fa2_dtypes")
     dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
     device = DEFAULT_DEVICE if device_option is None else device_option
+    bounds_check = config.getoption("fa2_bounds_check")
     if kernel_name is None:
         alone = next(
-            (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option)) if value is not None),
+            (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
+                                      ("--fa2-bounds-check", bounds_check or None)) if value is not None),
             None,
         )
         if alone is not None:
@@ -166,6 +175,8 @@ def pytest_configure(config: pytest.Config) -> None:
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
+        if bounds_check:
+            _check_bounds(config, enter=runs_tests)
     config.stash[_options_key] = {
         "kernel": kernel_name,
         "device": device,
@@ -175,6 +186,29 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
+
+
+def _check_bounds(config: pytest.Config, *, enter: bool) -> None:
+    """``--fa2-bounds-check``: every Triton kernel the interpreter runs in this process is bounds-checked
+    until the session ends (:func:`verify.interpreter_bounds.bounds_checked`); an access outside the
+    kernel's tensors raises in the kernel call, which fails the example with its reproduction."""
+    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+
+    if not interpret_requested():
+        raise pytest.UsageError(
+            "--fa2-bounds-check needs TRITON_INTERPRET=1 set before pytest starts: it checks the memory accesses "
+            "of kernels that the Triton interpreter runs"
+        )
+    if not enter:
+        return
+    from fa2_verify.verify.interpreter_bounds import bounds_checked
+
+    checked = contextlib.ExitStack()
+    try:
+        checked.enter_context(bounds_checked())
+    except (ImportError, RuntimeError) as exc:
+        raise pytest.UsageError(f"--fa2-bounds-check: {str(exc).splitlines()[0]}") from None
+    config.add_cleanup(checked.close)
 
 
 def _inflight(config: pytest.Config) -> InFlight:

@@ -3,19 +3,23 @@
 On a GPU, a load just outside a tensor reads whatever lies there and goes
 unnoticed, until the address falls in an unmapped page: then the CUDA
 context faults ("an illegal memory access was encountered"), every later
-call in the process fails, and under CUDA MPS every client process with it.
-Which case did it cannot be told from there.  The interpreter runs each
-``tl.load``, ``tl.store`` and atomic as a NumPy gather or scatter over raw
-addresses, so here the check is exact: under :func:`bounds_checked`, every
-address a kernel touches with its mask on must lie inside one of the tensors
-it was launched with, or the launch raises ``AssertionError`` naming the
-operation and how far outside the nearest tensor it went.
+call in the process fails, and under CUDA MPS every client process with it
+(docs/properties.md, "A kernel that faults the GPU").  The interpreter runs
+each ``tl.load``, ``tl.store`` and atomic as a NumPy gather or scatter over
+raw addresses, so here the check is exact: under :func:`bounds_checked`,
+every address a kernel touches with its mask on must lie inside one of the
+tensors it was launched with, or the launch raises :class:`OutOfBounds`
+naming the operation and how far outside the nearest tensor it went.  The
+property suite runs under it with ``--fa2-bounds-check``.
 
 A tensor's allowed span runs from its first to one past its last element
-(strides are non-negative).  A read just before or after an input could still
-land inside a neighbouring allocation; :func:`guarded` places a tensor in the
-middle of a storage three times its span, so that such a read lands in its
-own guard, which no launch argument covers.
+(strides are non-negative).  A stray access can still land inside another
+argument of the same launch and go unseen; :func:`guarded` places a tensor in
+the middle of a storage three times its span, so that an access just before
+or after it lands in its own guard, which no launch argument covers (the
+project's own checks guard their inputs: tests/triton_interpreter_checks.py).
+The check patches the interpreter's ``GridExecutor`` and
+``InterpreterBuilder`` (Triton 3.6 to 3.9), restored on exit.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ from typing import Iterator
 
 import numpy as np
 import torch
+
+#: The interpreter's launch and memory operations the check wraps, by class.
+_PATCHED = {"GridExecutor": ("__call__",),
+            "InterpreterBuilder": ("create_masked_load", "create_masked_store", "create_atomic_rmw")}
+
+
+class OutOfBounds(AssertionError):
+    """An interpreted kernel touched memory outside every tensor it was launched with."""
 
 
 def guarded(tensor: torch.Tensor) -> torch.Tensor:
@@ -47,8 +59,16 @@ def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
 
 @contextlib.contextmanager
 def bounds_checked() -> Iterator[None]:
-    """Within the block, interpreted kernels may touch only the elements of their tensor arguments."""
+    """Within the block, interpreted kernels may touch only the elements of their tensor arguments.
+
+    Raises ``RuntimeError`` (one line) when this Triton's interpreter lacks an operation it wraps.
+    """
     from triton.runtime import interpreter
+
+    for owner, names in _PATCHED.items():
+        missing = [name for name in names if not hasattr(getattr(interpreter, owner, None), name)]
+        if missing:
+            raise RuntimeError(f"this Triton's interpreter has no {owner}.{missing[0]}: the bounds check cannot wrap it")
 
     spans: list[tuple[int, int]] = []
     executor = interpreter.GridExecutor
@@ -77,7 +97,7 @@ def bounds_checked() -> Iterator[None]:
             first, end = min(spans, key=lambda span: min(abs(first_outside - span[0]), abs(first_outside - span[1])))
             where = (f"{first - first_outside} bytes before" if first_outside < first
                      else f"{first_outside + size - end} bytes past the end of")
-            raise AssertionError(f"{operation} of {outside.size} element(s) outside every tensor argument, "
+            raise OutOfBounds(f"{operation} of {outside.size} element(s) outside every tensor argument, "
                                  f"the first {where} the nearest one")
 
     def load(self, pointers, mask, other, *args, **kwargs):
