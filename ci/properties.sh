@@ -14,7 +14,9 @@
 # workers' small golden and comparison kernels share the GPU instead of
 # time-slicing it one process at a time (docs/benchmarks.md: 37% fewer
 # worker-seconds on a warm `ci` run on one H100).  Opt-in: it changes how every
-# process on the runner uses the GPU.
+# process on the runner uses the GPU.  On the CPU the triton kernel runs under
+# Triton's interpreter (TRITON_INTERPRET=1), with every memory access it makes
+# bounds-checked (--fa2-bounds-check, docs/properties.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/common.sh
@@ -32,9 +34,14 @@ if [[ "${FA2_MPS:-0}" == 1 && "$FA2_DEVICE" == cuda* ]]; then
     nvidia-cuda-mps-control -d
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
+checks=()
+if [[ "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cpu ]]; then
+    export TRITON_INTERPRET=1
+    checks=(--fa2-bounds-check)
+fi
 rm -rf "$FA2_OUT/allure-results"
 "$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" --dist worksteal \
     --fa2-kernel "$FA2_KERNEL" --fa2-device "$FA2_DEVICE" --fa2-profile "$FA2_PROFILE" \
     --fa2-examples-dir "$FA2_OUT/examples" \
     --alluredir "$FA2_OUT/allure-results" \
-    --junitxml "$FA2_OUT/properties.xml" "$@"
+    --junitxml "$FA2_OUT/properties.xml" "${checks[@]}" "$@"
