@@ -16,12 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.properties import profiles, verdicts
+from fa2_verify.core.varlen import VarlenSpec
+from fa2_verify.properties import golden_checks, profiles, verdicts
 from fa2_verify.properties.declaration import DeviceLost
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify.registry import load_kernel
 
 SPEC = CaseSpec(1, 3, 5, 2, 1, 32, "float16", seed=4)
+PACKED = VarlenSpec.packing(((3, 5), (0, 2)), heads_q=2, heads_kv=1, head_dim=32, dtype="float16")
 FAULT = "CUDA error: an illegal memory access was encountered"
 
 
@@ -51,9 +53,19 @@ def test_the_faulting_example_is_reported_once_unshrunk(faulted: Suite) -> None:
     assert message.endswith(SPEC.reproduction("reference", "cuda"))
 
 
+def test_a_packed_batch_is_named_as_a_batch_not_as_its_first_sequence(faulted: Suite) -> None:
+    """A varlen batch has no one-line reproduction: the fault names the batch the check ran."""
+    batch = "varlen case {...}, strided-seqlen inputs"
+    with pytest.raises(DeviceLost) as raised:
+        verdicts.failed_run(faulted, SPEC, "out", "reference.forward_varlen raised AcceleratorError", case=batch)
+    assert str(raised.value).endswith(f"run it again in a new process: {batch}")
+
+
 def test_examples_after_the_fault_end_without_blame(faulted: Suite) -> None:
     with pytest.raises(DeviceLost, match="had faulted before this example.*not this one"):
         verdicts.introduce(faulted, SPEC)
+    with pytest.raises(DeviceLost, match="had faulted before this example"):
+        golden_checks.varlen_within_error_model(faulted, PACKED)
 
 
 def test_a_working_or_cpu_device_is_not_faulted() -> None:

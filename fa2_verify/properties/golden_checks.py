@@ -53,13 +53,15 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
 def varlen_within_error_model(suite: Suite, spec: VarlenSpec, layout: str = "contiguous") -> None:
     """Each packed sequence's outputs, its inputs packed in the memory ``layout``
     (:data:`core.layouts.LAYOUTS`), within ``tau * B`` of the golden of that sequence alone."""
-    note(f"varlen case: {spec.describe()}, {layout} inputs")
+    verdicts.require_working_device(suite)
+    case = f"varlen case {spec.describe()}, {layout} inputs"
+    note(case)
     suite.running(spec)
     results = check_varlen(suite.kernel, pack(spec, suite.device, layout), golden_options=suite.golden_options)
     if results[0].status == "unsupported":
         verdicts.declined(suite, results[0].reason or "")
     if results[0].status == "error":
-        verdicts.failed_run(suite, spec.sequence(0), "out", f"{results[0].reason} (varlen case {spec.describe()})")
+        verdicts.failed_run(suite, spec.sequence(0), "out", f"{results[0].reason} ({case})", case=case)
     scores: dict[str, float] = {}
     for result in results:
         for name, comparison in result.comparisons.items():

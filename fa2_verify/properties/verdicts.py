@@ -47,15 +47,10 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
 
     A case larger than the memory free (:func:`verify.memory.require_fits`)
     is declined before anything is allocated, counted as unsupported with the estimate.
-    On a CUDA device that has faulted before (:func:`device_fault`) the example
-    ends at once with :class:`DeviceLost`: it cannot run, and it is not the cause.
+    On a CUDA device that has faulted before, the example ends at once
+    (:func:`require_working_device`).
     """
-    fault = device_fault(suite.device)
-    if fault is not None:
-        raise DeviceLost(
-            f"{suite.device} had faulted before this example ({fault}); the cause is an earlier case of this "
-            "process, or of any process sharing the GPU under CUDA MPS, not this one"
-        )
+    require_working_device(suite)
     note(f"reproduce: {spec.reproduction(suite.kernel.name, suite.device)}")
     suite.running(spec)
     try:
@@ -82,17 +77,31 @@ def device_fault(device: str) -> str | None:
     return None
 
 
-def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str) -> NoReturn:
-    """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
-    ended the CUDA context, so that the case is reported as it is rather than replayed and shrunk."""
-    suite.observe(label, math.inf, spec)
+def require_working_device(suite: Suite) -> None:
+    """:class:`DeviceLost` before an example runs on a CUDA device that has faulted (:func:`device_fault`):
+    the example cannot run, and it is not the cause."""
     fault = device_fault(suite.device)
     if fault is not None:
         raise DeviceLost(
+            f"{suite.device} had faulted before this example ({fault}); the cause is an earlier case of this "
+            "process, or of any process sharing the GPU under CUDA MPS, not this one"
+        )
+
+
+def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str | None = None) -> NoReturn:
+    """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
+    ended the CUDA context, so that the case is reported as it is rather than replayed and shrunk.
+
+    ``case`` names what ran (default: ``spec``'s one-line reproduction; a varlen check passes its batch).
+    """
+    suite.observe(label, math.inf, spec)
+    fault = device_fault(suite.device)
+    if fault is not None:
+        ran = case if case is not None else spec.reproduction(suite.kernel.name, suite.device)
+        raise DeviceLost(
             f"{suite.kernel.name} on {suite.device}: the CUDA context faulted in this case ({fault}), so nothing "
             "after it in this process can run; the case is not shrunk (under CUDA MPS the fault may come from "
-            f"another process sharing the GPU); reproduce it in a new process: "
-            f"{spec.reproduction(suite.kernel.name, suite.device)}"
+            f"another process sharing the GPU); run it again in a new process: {ran}"
         )
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
     raise PropertyFailure(describe_failure(result))
