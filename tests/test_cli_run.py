@@ -6,6 +6,7 @@ The restricted kernels below are loadable as ``tests.test_cli_run:NAME``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -317,3 +318,24 @@ def test_console_entry_point_exit_code():
     )
     assert completed.returncode == 2
     assert completed.stderr.startswith("fa2-verify: error: unknown kernel") and completed.stderr.count("\n") == 1
+
+
+def test_bounds_check_without_the_interpreter_is_one_line_exit_2(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    code, stdout, stderr = _cli("run", "--kernel", "reference", "--bounds-check")
+    assert code == 2 and stdout == "" and stderr.count("\n") == 1
+    assert "--bounds-check needs TRITON_INTERPRET=1" in stderr
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_bounds_check_makes_a_stray_read_an_error_that_passes_without_it():
+    """tests/stray_read.py reads one element before q; only --bounds-check sees it."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1"}
+    command = [sys.executable, "-m", "fa2_verify", "run", "--kernel", "tests.stray_read:KERNEL", "--case",
+               "fp32-causal"]
+    unchecked = subprocess.run(command, capture_output=True, text=True, env=environment, cwd=REPO, timeout=300)
+    assert unchecked.returncode == 0, unchecked.stdout + unchecked.stderr
+    checked = subprocess.run([*command, "--bounds-check"], capture_output=True, text=True, env=environment, cwd=REPO,
+                             timeout=300)
+    assert checked.returncode == 1
+    assert "outside every tensor argument, the first 4 bytes before the nearest one" in checked.stdout

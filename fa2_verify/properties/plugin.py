@@ -192,22 +192,16 @@ def _check_bounds(config: pytest.Config, *, enter: bool) -> None:
     """``--fa2-bounds-check``: every Triton kernel the interpreter runs in this process is bounds-checked
     until the session ends (:func:`verify.interpreter_bounds.bounds_checked`); an access outside the
     kernel's tensors raises in the kernel call, which fails the example with its reproduction."""
-    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
-
-    if not interpret_requested():
-        raise pytest.UsageError(
-            "--fa2-bounds-check needs TRITON_INTERPRET=1 set before pytest starts: it checks the memory accesses "
-            "of kernels that the Triton interpreter runs"
-        )
-    if not enter:
-        return
-    from fa2_verify.verify.interpreter_bounds import bounds_checked
+    from fa2_verify.core.errors import UsageError
+    from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
 
     checked = contextlib.ExitStack()
     try:
-        checked.enter_context(bounds_checked())
-    except (ImportError, RuntimeError) as exc:
-        raise pytest.UsageError(f"--fa2-bounds-check: {str(exc).splitlines()[0]}") from None
+        require_interpreter("--fa2-bounds-check")
+        if enter:
+            checked.enter_context(bounds_checked())
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
     config.add_cleanup(checked.close)
 
 

@@ -30,6 +30,8 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from fa2_verify.core.errors import UsageError
+
 #: The interpreter's launch and memory operations the check wraps, by class.
 _PATCHED = {"GridExecutor": ("__call__",),
             "InterpreterBuilder": ("create_masked_load", "create_masked_store", "create_atomic_rmw")}
@@ -37,6 +39,16 @@ _PATCHED = {"GridExecutor": ("__call__",),
 
 class OutOfBounds(AssertionError):
     """An interpreted kernel touched memory outside every tensor it was launched with."""
+
+
+def require_interpreter(flag: str) -> None:
+    """``UsageError`` (one line, naming ``flag``) unless ``TRITON_INTERPRET=1``: without it no kernel runs
+    in the interpreter, and the check would check nothing."""
+    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+
+    if not interpret_requested():
+        raise UsageError(f"{flag} needs TRITON_INTERPRET=1 set before the process starts: it checks the memory "
+                         "accesses of kernels that the Triton interpreter runs")
 
 
 def guarded(tensor: torch.Tensor) -> torch.Tensor:
@@ -61,14 +73,14 @@ def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
 def bounds_checked() -> Iterator[None]:
     """Within the block, interpreted kernels may touch only the elements of their tensor arguments.
 
-    Raises ``RuntimeError`` (one line) when this Triton's interpreter lacks an operation it wraps.
+    Raises ``UsageError`` (one line) when this Triton's interpreter lacks an operation it wraps.
     """
     from triton.runtime import interpreter
 
     for owner, names in _PATCHED.items():
         missing = [name for name in names if not hasattr(getattr(interpreter, owner, None), name)]
         if missing:
-            raise RuntimeError(f"this Triton's interpreter has no {owner}.{missing[0]}: the bounds check cannot wrap it")
+            raise UsageError(f"this Triton's interpreter has no {owner}.{missing[0]}: the bounds check cannot wrap it")
 
     spans: list[tuple[int, int]] = []
     executor = interpreter.GridExecutor

@@ -15,6 +15,9 @@ kernel, the golden and the comparison, the case set it ran, and writes
 given.  Before each case it writes ``fa2-verify: running case I of N: NAME``
 to stderr, so a kernel that kills the process (a segfault, an abort) leaves
 the case it was on as the last line, to re-run alone with ``--case NAME``.
+With ``--bounds-check`` (and ``TRITON_INTERPRET=1``) every Triton kernel the
+interpreter runs is bounds-checked (:mod:`verify.interpreter_bounds`): an
+access outside its tensor arguments makes the case an error.
 
 Exit status: 0 when every supported case passed, 1 when a case failed or the
 kernel raised (anything, ``SystemExit`` included), 2 (one line on stderr) for
@@ -30,6 +33,7 @@ the table, never a pass).
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import sys
 
@@ -39,6 +43,7 @@ from fa2_verify.verify.atomic import check_outputs, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
+from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
 from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
@@ -73,6 +78,10 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--markdown", type=pathlib.Path, metavar="FILE",
                         help="write a Markdown summary, e.g. for a CI job summary ($GITHUB_STEP_SUMMARY)")
     parser.add_argument("--overwrite", action="store_true", help=f"replace an existing DIR/{REPORT_NAME} or --markdown")
+    parser.add_argument(
+        "--bounds-check", action="store_true",
+        help="with TRITON_INTERPRET=1: a Triton kernel that touches memory outside its tensor arguments fails the case",
+    )
     parser.set_defaults(handler=handle)
 
 
@@ -206,10 +215,13 @@ def summary(run: RunResult) -> str:
 def handle(args) -> int:
     report = args.report / REPORT_NAME if args.report is not None else None
     check_outputs({"--report": report, "--markdown": args.markdown}, overwrite=args.overwrite)
+    if args.bounds_check:
+        require_interpreter("--bounds-check")
     kernel = resolve_target(args.kernel, args.device)
     whole_set = case_set(args.cases, args.device)
     specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
-    run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec))
+    with bounds_checked() if args.bounds_check else contextlib.nullcontext():
+        run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec))
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
         print()
