@@ -71,7 +71,7 @@ BAD_OPTIONS = {
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-kernel": ("--fa2-bounds-check", "--fa2-bounds-check needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-interpreter": (
-        "--fa2-kernel=reference --fa2-bounds-check", "--fa2-bounds-check needs TRITON_INTERPRET=1 set before pytest"
+        "--fa2-kernel=reference --fa2-bounds-check", "--fa2-bounds-check needs TRITON_INTERPRET=1 set before the process starts"
     ),
 }
 
