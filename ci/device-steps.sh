@@ -5,6 +5,7 @@
 #   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
 #   triton-mps  the same under CUDA MPS, as the GPU workflow runs the suite (FA2_MPS=1);
 #   flash   the same against torch-flash, one pass;
+#   flash-mps  the same under CUDA MPS;
 #   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
 #           `ci:0`) on $FA2_FLEX_WORKERS workers (default 16), each stopped after
 #           $FA2_FLEX_TIMEOUT seconds (default 400), GPU memory logged every 15 s;
@@ -40,6 +41,10 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
              echo quit | nvidia-cuda-mps-control ;;
         flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \
                     -- --dist worksteal ;;
+        flash-mps) nvidia-cuda-mps-control -d
+             "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash-mps" \
+                 -- --dist worksteal
+             echo quit | nvidia-cuda-mps-control ;;
         flex) nvidia-smi --query-gpu=timestamp,memory.used --format=csv -l 15 >"$out/flex-memory.csv" &
              monitor=$!
              FA2_TARGETS=flex-attention FA2_TARGET_RUNS="${FA2_FLEX_RUNS:-ci:0}" \

@@ -397,3 +397,19 @@ def test_each_dtype_is_a_test_of_its_own(run):
     result.stdout.fnmatch_lines(
         ["*test_golden.py::test_out_within_error_model[[]float64[]]", "*test_golden.py::test_out_within_error_model[[]float32[]]"]
     )
+
+
+def test_the_property_tests_run_dtype_major_and_other_tests_keep_their_place(run, pytester):
+    """Every property's first-dtype shard comes before any second-dtype shard (so pytest-xdist, which hands a
+    worker consecutive tests, does not give one worker a property's shards back to back); a test of another
+    suite collected in the same run stays where it was."""
+    pytester.makepyfile(test_zz_plain="def test_plain():\n    pass\n")
+    result = run("--pyargs", "fa2_verify.properties", str(pytester.path / "test_zz_plain.py"),
+                 "-k", "within_error_model or plain", "--fa2-kernel=reference", "--fa2-dtypes=float64,float32",
+                 "--collect-only", "-q")  # fmt: skip
+    names = [line.split("::")[-1] for line in result.stdout.lines if "::" in line]
+    dtypes = [name[name.index("[") + 1 : -1] for name in names if "[" in name]
+    assert names[-1] == "test_plain" and len(dtypes) > 4, names
+    assert dtypes == sorted(dtypes, key=("float64", "float32").index), names
+    first = [name.split("[")[0] for name in names if name.endswith("[float64]")]
+    assert first == [name.split("[")[0] for name in names if name.endswith("[float32]")]

@@ -345,6 +345,29 @@ def _is_property(item: pytest.Item) -> bool:
     return item.get_closest_marker(MARKER) is not None
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the property tests dtype-major: every property's first-dtype shard, then every second-dtype
+    shard, and so on; any other test keeps its place.
+
+    pytest-xdist hands each worker a run of consecutive tests, and a worker
+    runs the two it holds in order (neither ``--dist load`` nor ``worksteal``
+    takes a worker's next test away).  Collected as written, a property's
+    shards are neighbours, and the costly ones are costly for every dtype:
+    the three shards of the varlen property (75 s each on a cold Triton
+    cache) ran one after another on one worker and set a cold run's
+    wall-clock (docs/benchmarks.md).  Dtype-major, they lie a whole dtype's
+    worth of tests apart.  The order is a function of the collection alone,
+    as xdist requires of every worker.
+    """
+    if _dtypes_key not in config.stash:
+        return
+    rank = {dtype: index for index, dtype in enumerate(config.stash[_dtypes_key])}
+    slots = [index for index, item in enumerate(items) if _is_property(item)]
+    ordered = sorted((items[index] for index in slots), key=lambda item: rank.get(item.obj.fa2_dtype, 0))
+    for index, item in zip(slots, ordered):
+        items[index] = item
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item):
     result = yield
