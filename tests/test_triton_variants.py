@@ -93,19 +93,6 @@ def test_what_stays_compile_time():
 
 
 @needs_compiler
-def test_a_packed_batch_shares_the_dense_variants():
-    """Dense or packed is a runtime flag (``packed``): a packed batch whose longest lengths are a dense case's
-    compiles nothing that case has not, deterministic or not."""
-    from fa2_verify.core.varlen import VarlenSpec
-
-    for deterministic in (False, True):
-        dense = dataclasses.replace(BASE, deterministic=deterministic)
-        packed = VarlenSpec.packing(((3, 0), (70, 33), (1, 5)), heads_q=4, heads_kv=2, head_dim=64, dtype="float16",
-                                    backward=True, deterministic=deterministic)
-        assert _keys([packed]) == _keys([dense])
-
-
-@needs_compiler
 @pytest.mark.parametrize("layout", ["heads-major", "padded-head-dim", "strided-seqlen"])
 def test_the_property_layouts_share_the_contiguous_variants(layout):
     """Every stride of these layouts is a multiple of 16 bytes, as in the contiguous layout: same variants,

@@ -34,13 +34,12 @@ passed to the kernels; a head_dim stride other than 1 is copied first.
 Compile-time values (one Triton variant each; docs/triton-kernel.md, "Compile
 variants"): the dtype, the padded head-dim block ``BLOCK_D`` and whether the
 head dim fills it (``EVEN_D``: its column masks fold away), the tiles, warps
-and stages, TMA, atomic or deterministic dQ, whether the tile loop
+and stages, varlen, TMA, atomic or deterministic dQ, whether the tile loop
 has a lower window bound (``HAS_LEFT``/``HAS_RIGHT``: without one its leading
 masked range compiles away), each tensor's stride unit (the largest power of
 two up to 16 bytes dividing its strides: the alignment 128-bit loads need)
 and a GQA group of 1 in the backward.  Everything else is a runtime value:
-sequence lengths, dense or packed (``packed``),
-the head dim within its block, the window bounds (an absent
+sequence lengths, the head dim within its block, the window bounds (an absent
 one is ``plans.NO_BOUND``), the strides in their unit.  :mod:`.plans` computes
 every launch's arguments as a pure function of the call, :mod:`.variants`
 reads Triton's compile key from them without a GPU (``python -m

@@ -72,7 +72,7 @@ INTERPRET: bool = interpret_requested()
 #: instead by the constexpr units the head dim and each tensor's strides are
 #: counted in (``HEAD_DIM_UNIT``, ``*_UNIT``; :mod:`.plans`).
 _STRIDES = tuple(f"stride_{tensor}{axis}" for tensor in ("q", "k", "v", "o", "do", "dq", "dk", "dv") for axis in "bsh")
-_SIZE_ARGS = ("seqlen_q", "seqlen_k", "packed", "group", "left", "right", "head_dim_units", "stride_lb", "stride_lh") + _STRIDES
+_SIZE_ARGS = ("seqlen_q", "seqlen_k", "group", "left", "right", "head_dim_units", "stride_lb", "stride_lh") + _STRIDES
 #: The backward keeps ``group`` specialized: its key-tile programs loop over the
 #: group's query heads, and a group of 1 known at compile time is what lets that
 #: loop pipeline well (fwd+bwd fell from 1.21x to 0.83x of PyTorch's without it).
@@ -150,18 +150,14 @@ def _head_dim(head_dim_units, BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr):
 
 
 @triton.jit
-def _sequence(cu_seqlens, b, seqlen, packed):
-    """(start row, length) of sequence ``b``: from ``cu_seqlens`` when ``packed``, else (0, ``seqlen``).
-
-    ``packed`` is a runtime flag, not a constexpr: a dense and a packed call of
-    the same shape class share one compiled variant (a dense call's offsets are
-    never read, :func:`.plans.offsets`), at the cost of one scalar branch per program.
-    """
-    start = tl.full([], 0, tl.int32)
-    length = seqlen
-    if packed:
+def _sequence(cu_seqlens, b, seqlen, VARLEN: tl.constexpr):
+    """(start row, length) of sequence ``b``: packed via ``cu_seqlens`` or dense."""
+    if VARLEN:
         start = tl.load(cu_seqlens + b)
         length = tl.load(cu_seqlens + b + 1) - start
+    else:
+        start = tl.full([], 0, tl.int32)
+        length = seqlen
     return start, length
 
 
@@ -229,8 +225,8 @@ def _tile(source, start, rows, stride_row, offs_d, extent, head_dim, CHECK_ROWS:
 
 @triton.jit
 def _query_program(Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_qh,
-                   seqlen_q, seqlen_k, packed, group, right, head_dim,
-                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, USE_TMA: tl.constexpr):
+                   seqlen_q, seqlen_k, group, right, head_dim,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, VARLEN: tl.constexpr, USE_TMA: tl.constexpr):
     """The query side of a program over (query tile, query head, batch), shared by the forward and the dQ pass.
 
     Returns ``(b, h, h_kv, q_start, sq, k_start, sk, m0, rows, offs_d, q)``: the batch, the query head and
@@ -240,8 +236,8 @@ def _query_program(Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_q
     h = tl.program_id(1)
     b = tl.program_id(2)
     h_kv = h // group
-    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, packed)
-    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, packed)
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
     m0 = _query_tile_start(sq, right < NO_BOUND, BLOCK_M)
     rows = m0 + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -301,10 +297,10 @@ def forward_kernel(
     stride_ob, stride_os, stride_oh,
     stride_lb, stride_lh,
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
-    seqlen_q, seqlen_k, packed, group, qk_scale, left, right, head_dim_units,
+    seqlen_q, seqlen_k, group, qk_scale, left, right, head_dim_units,
     # compile-time constants
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, O_UNIT: tl.constexpr,
 ):
     """out, lse for one (query tile, head, batch); grid (tiles, heads_q, batch)."""
@@ -314,8 +310,8 @@ def forward_kernel(
     stride_vb, stride_vs, stride_vh = stride_vb * V_UNIT, stride_vs * V_UNIT, stride_vh * V_UNIT
     stride_ob, stride_os, stride_oh = stride_ob * O_UNIT, stride_os * O_UNIT, stride_oh * O_UNIT
     b, h, h_kv, q_start, sq, k_start, sk, m0, rows, offs_d, q = _query_program(
-        Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_qh, seqlen_q, seqlen_k, packed, group, right,
-        head_dim, BLOCK_M, BLOCK_D, USE_TMA)
+        Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_qh, seqlen_q, seqlen_k, group, right, head_dim,
+        BLOCK_M, BLOCK_D, VARLEN, USE_TMA)
     if m0 < 0:
         return
     shift = sk - sq
@@ -368,8 +364,8 @@ def backward_preprocess_kernel(
     stride_ob, stride_os, stride_oh,
     stride_dob, stride_dos, stride_doh,
     stride_lb, stride_lh,
-    seqlen_q, packed, head_dim_units,
-    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr,
+    seqlen_q, head_dim_units,
+    BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, VARLEN: tl.constexpr,
     O_UNIT: tl.constexpr, DO_UNIT: tl.constexpr,
 ):
     """delta = rowsum(dout * out) in fp32 (Algorithm 2, line 4); grid (tiles, heads_q, batch)."""
@@ -379,7 +375,7 @@ def backward_preprocess_kernel(
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, packed)
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
     if pid_m * BLOCK_M >= sq:
         return
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -450,10 +446,10 @@ def backward_kv_kernel(
     stride_dvb, stride_dvs, stride_dvh,
     stride_lb, stride_lh,
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
-    seqlen_q, seqlen_k, packed, group, qk_scale, softmax_scale, left, right, head_dim_units,
+    seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, head_dim_units,
     # compile-time constants
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
+    VARLEN: tl.constexpr, ATOMIC_DQ: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr,
     HAS_RIGHT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, DO_UNIT: tl.constexpr,
     DQ_UNIT: tl.constexpr, DK_UNIT: tl.constexpr, DV_UNIT: tl.constexpr,
@@ -470,8 +466,8 @@ def backward_kv_kernel(
     pid_n = tl.program_id(0)
     h_kv = tl.program_id(1)
     b = tl.program_id(2)
-    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, packed)
-    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, packed)
+    q_start, sq = _sequence(cu_seqlens_q, b, seqlen_q, VARLEN)
+    k_start, sk = _sequence(cu_seqlens_k, b, seqlen_k, VARLEN)
     n0 = pid_n * BLOCK_N
     if n0 >= sk:
         return
@@ -561,10 +557,10 @@ def backward_dq_kernel(
     stride_dqb, stride_dqs, stride_dqh,
     stride_lb, stride_lh,
     # sizes and mask (a bound of NO_BOUND bounds nothing); head_dim in units of HEAD_DIM_UNIT
-    seqlen_q, seqlen_k, packed, group, qk_scale, softmax_scale, left, right, head_dim_units,
+    seqlen_q, seqlen_k, group, qk_scale, softmax_scale, left, right, head_dim_units,
     # compile-time constants
     BLOCK_D: tl.constexpr, EVEN_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
+    VARLEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_TMA: tl.constexpr, HAS_LEFT: tl.constexpr,
     Q_UNIT: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr, DO_UNIT: tl.constexpr, DQ_UNIT: tl.constexpr,
 ):
     """dq for one (query tile, head, batch), no atomics; grid (tiles, heads_q, batch)."""
@@ -575,8 +571,8 @@ def backward_dq_kernel(
     stride_dob, stride_dos, stride_doh = stride_dob * DO_UNIT, stride_dos * DO_UNIT, stride_doh * DO_UNIT
     stride_dqb, stride_dqs, stride_dqh = stride_dqb * DQ_UNIT, stride_dqs * DQ_UNIT, stride_dqh * DQ_UNIT
     b, h, h_kv, q_start, sq, k_start, sk, m0, rows, offs_d, q = _query_program(
-        Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_qh, seqlen_q, seqlen_k, packed, group, right,
-        head_dim, BLOCK_M, BLOCK_D, USE_TMA)
+        Q, cu_seqlens_q, cu_seqlens_k, stride_qb, stride_qs, stride_qh, seqlen_q, seqlen_k, group, right, head_dim,
+        BLOCK_M, BLOCK_D, VARLEN, USE_TMA)
     if m0 < 0:
         return
     shift = sk - sq

@@ -111,20 +111,6 @@ def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
     return tuple(stride // unit for stride in strides(tensor, varlen))
 
 
-def offsets(problem: Problem, stats) -> tuple[Any, Any]:
-    """(cu_seqlens_q, cu_seqlens_k) as the kernels get them.
-
-    A dense call has no offsets, and the kernels read none (their ``packed``
-    argument is 0, ``kernels._sequence``); it passes ``stats`` (its LSE or delta rows) viewed
-    as int32 instead, so that the pointer argument has the type and alignment
-    of real offsets and a dense and a packed call share one compile key.
-    """
-    if problem.varlen:
-        return problem.cu_seqlens_q, problem.cu_seqlens_k
-    unread = stats.view(torch.int32)
-    return unread, unread
-
-
 def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
     if problem.varlen:
         return 0, total_q
@@ -167,14 +153,13 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
     """The forward kernel: one program per (query tile, query head, batch)."""
     varlen = problem.varlen
     args = (
-        q, k, v, out, lse, *offsets(problem, lse),
+        q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(out, varlen),
         *lse_strides(problem, q.shape[0]),
-        problem.seqlen_q, problem.seqlen_k, int(varlen), problem.group, problem.softmax_scale * LOG2E,
-        *_mask_and_sizes(problem),
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, *_mask_and_sizes(problem),
     )
     constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                      DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
+                      VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
                       HAS_LEFT=problem.left >= 0,
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       O_UNIT=stride_unit(out, varlen))
@@ -185,9 +170,9 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
 def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch:
     """delta = rowsum(dout * out): one program per (``rows`` query rows, query head, batch)."""
     varlen = problem.varlen
-    args = (out, dout, delta, offsets(problem, delta)[0], *_in_units(out, varlen), *_in_units(dout, varlen),
-            *lse_strides(problem, out.shape[0]), problem.seqlen_q, int(varlen), problem.head_dim // HEAD_DIM_UNIT)
-    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=rows,
+    args = (out, dout, delta, problem.cu_seqlens_q, *_in_units(out, varlen), *_in_units(dout, varlen),
+            *lse_strides(problem, out.shape[0]), problem.seqlen_q, problem.head_dim // HEAD_DIM_UNIT)
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=rows, VARLEN=varlen,
                       O_UNIT=stride_unit(out, varlen), DO_UNIT=stride_unit(dout, varlen))
     grid = (cdiv(problem.seqlen_q, rows), problem.heads_q, problem.batch)
     return Launch("backward_preprocess_kernel", grid, args, constexprs, {})
@@ -195,10 +180,11 @@ def backward_preprocess(problem: Problem, out, dout, delta, rows: int) -> Launch
 
 def _backward_common(problem: Problem, q, k, v, dout) -> tuple[dict[str, Any], tuple]:
     varlen = problem.varlen
-    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), DOT_PRECISION=dot_precision(problem.torch_dtype),
+    constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), VARLEN=varlen,
+                      DOT_PRECISION=dot_precision(problem.torch_dtype),
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       DO_UNIT=stride_unit(dout, varlen))
-    scalars = (problem.seqlen_q, problem.seqlen_k, int(varlen), problem.group, problem.softmax_scale * LOG2E,
+    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
                problem.softmax_scale, *_mask_and_sizes(problem))
     return constexprs, scalars
 
@@ -209,7 +195,7 @@ def backward_kv(problem: Problem, q, k, v, dout, lse, delta, dq_target, dk, dv, 
     varlen = problem.varlen
     common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
-        q, k, v, dout, lse, delta, dq_target, dk, dv, *offsets(problem, lse),
+        q, k, v, dout, lse, delta, dq_target, dk, dv, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
         *_in_units(dq_target, varlen), *_in_units(dk, varlen), *_in_units(dv, varlen),
         *lse_strides(problem, q.shape[0]), *scalars,
@@ -227,7 +213,7 @@ def backward_dq(problem: Problem, q, k, v, dout, lse, delta, dq, tile: TileConfi
     varlen = problem.varlen
     common, scalars = _backward_common(problem, q, k, v, dout)
     args = (
-        q, k, v, dout, lse, delta, dq, *offsets(problem, lse),
+        q, k, v, dout, lse, delta, dq, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(dout, varlen),
         *_in_units(dq, varlen), *lse_strides(problem, q.shape[0]), *scalars,
     )
