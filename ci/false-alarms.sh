@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run the property suite against the correct kernels of other numerics
-# (tests/other_numerics.py: float32 P, exp2, split-KV, per-head GQA rounding, ...),
+# (tests/variants.py: float32 P, exp2, split-KV, per-head GQA rounding, ...),
 # each of which must pass: a failure is a false alarm of the error model
 # (docs/properties.md, "Correct kernels of other numerics").
-#   ci/false-alarms.sh [NAME ...]     (default: every kernel of other_numerics.NAMES)
+#   ci/false-alarms.sh [NAME ...]     (default: every kernel of tests.variants.NAMES)
 # $FA2_PROFILE (default ci), $FA2_SEED (a --hypothesis-seed; default: the profile's own),
 # $FA2_WORKERS (pytest-xdist workers, default 2) and $FA2_OUT (default ci-out/false-alarms)
 # apply; each kernel's pytest output goes to $FA2_OUT/NAME.log and one line per
@@ -14,7 +14,7 @@ python="${FA2_VENV:-.venv}/bin/python"
 out="${FA2_OUT:-ci-out/false-alarms}"
 mkdir -p "$out"
 if [[ $# -eq 0 ]]; then
-    mapfile -t names < <(PYTHONPATH=. "$python" -c 'from tests.other_numerics import NAMES; print("\n".join(NAMES))')
+    mapfile -t names < <(PYTHONPATH=. "$python" -c 'from tests.variants import NAMES; print("\n".join(NAMES))')
 else
     names=("$@")
 fi
@@ -24,7 +24,7 @@ status=0
 for name in "${names[@]}"; do
     start=$SECONDS
     PYTHONPATH=. "$python" -m pytest --pyargs fa2_verify.properties -p no:cacheprovider -q \
-        --fa2-kernel "tests.other_numerics:$name" --fa2-device cpu --fa2-profile "${FA2_PROFILE:-ci}" \
+        --fa2-kernel "tests.variants:$name" --fa2-device cpu --fa2-profile "${FA2_PROFILE:-ci}" \
         -n "${FA2_WORKERS:-2}" "${seed[@]}" >"$out/$name.log" 2>&1
     rc=$?
     [[ $rc -ne 0 ]] && status=1

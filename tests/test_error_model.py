@@ -301,3 +301,30 @@ def test_partial_sums_widen_only_the_gradient_bounds():
     for name in ("dq", "dk", "dv"):
         assert (declared[name] >= plain[name]).all() and (declared[name] > plain[name]).any()
         assert torch.equal(single[name], plain[name])
+
+
+def test_split_kv_partials_stored_in_the_input_dtype_widen_only_the_output_bound():
+    """Eq. 2b: a kernel that stores each of its S > 1 key splits' output in T gains u sum_j P_ij |V_jc| + eta
+    (within 1% for float16: the float32 terms of the combine and eq. 10) on out, and through D = rowsum(dO o O) (eq. 5) on dq and
+    dk, not on the LSE or dv = P^T dO; one split is the FA2 model."""
+    from fa2_verify.core.contract import visible_mask
+
+    case = make_case(SPEC, "cpu")
+    result = _golden(case)
+    plain = first_order_bounds(case, result)
+    split = first_order_bounds(case, result, PartialSums(out_splits=3))
+    assert torch.equal(first_order_bounds(case, result, PartialSums(out_splits=1))["out"], plain["out"])
+    assert torch.equal(split["lse"], plain["lse"]) and torch.equal(split["dv"], plain["dv"])
+    for name in ("dq", "dk"):
+        assert (split[name] >= plain[name]).all() and (split[name] > plain[name]).any()
+    q, k, v = (x.double().transpose(1, 2).repeat_interleave(2 // x.shape[2], dim=1) for x in (case.q, case.k, case.v))
+    visible = visible_mask(SPEC.seqlen_q, SPEC.seqlen_k, causal=True, window_size=(-1, -1), device="cpu")
+    p = torch.softmax((SPEC.scale * q @ k.transpose(-1, -2)).masked_fill(~visible, -math.inf), dim=-1)
+    expected = (unit_roundoff(torch.float16) * (p @ v.abs()) + underflow_unit(torch.float16)).transpose(1, 2)
+    torch.testing.assert_close(split["out"] - plain["out"], expected, rtol=1e-2, atol=0)
+
+
+def test_out_splits_are_read_from_the_kernel_config():
+    declared = {PartialSums.CONFIG_KEY: {"cuda": {"out_splits": [[0, 1], [64, 4]]}}}
+    assert PartialSums.of(declared, "cuda", 10) == PartialSums(out_splits=1)
+    assert PartialSums.of(declared, "cuda", 100) == PartialSums(out_splits=4)

@@ -128,16 +128,20 @@ class PartialSums:
     the contribution of each block of ``dkv_rows`` query rows (blocks start at
     multiples of it) of each query head, heads in increasing order within their
     group (PyTorch's CPU flash backward: ``q_split_size``).  ``dq_keys``: dQ is
-    rounded after each block of ``dq_keys`` keys (``kv_split_size``).  None:
-    the FlashAttention-2 model, float32 accumulators across all blocks (Dao
-    2023, Algorithm 2, lines 13 to 15).
+    rounded after each block of ``dq_keys`` keys (``kv_split_size``).
+    ``out_splits``: the forward splits the keys into at most this many splits
+    and stores each split's normalized output in ``T`` before combining them by
+    their LSEs (flash-decoding, split-KV; eq. 2b).  None: the FlashAttention-2
+    model, float32 accumulators across all blocks (Dao 2023, Algorithm 1, line
+    10; Algorithm 2, lines 13 to 15).
     """
 
     dkv_rows: int | None = None
     dq_keys: int | None = None
+    out_splits: int | None = None
 
-    #: The kernel ``config()`` key: ``{device type: {"dkv_rows": size, "dq_keys": size}}``, each size an int
-    #: or a list of ``[from_seqlen_q, size]`` pairs (the kernel picks its blocks by seqlen_q).
+    #: The kernel ``config()`` key: ``{device type: {"dkv_rows": size, "dq_keys": size, "out_splits": count}}``,
+    #: each an int or a list of ``[from_seqlen_q, value]`` pairs (the kernel picks it by seqlen_q).
     CONFIG_KEY = "partial_sums"
 
     @classmethod
@@ -155,7 +159,7 @@ class PartialSums:
         if not valid:
             raise KernelLoadError(
                 f"config()[{cls.CONFIG_KEY!r}]={declared!r} is not a mapping of device type (cpu, cuda) to "
-                "{'dkv_rows': size, 'dq_keys': size}, each size a positive int or a list of "
+                "{'dkv_rows': size, 'dq_keys': size, 'out_splits': count}, each a positive int or a list of "
                 "[from_seqlen_q, size] pairs from 0 in increasing order"
             )
         blocks = declared.get(torch.device(device).type, {})
@@ -326,6 +330,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     * (8b) dQ partials  with ``partials.dq_keys``, (8) gains ``u scale sum_b |S^dQ_b,ic| + eta (C_i - 1)``,
       ``C_i`` the key blocks row ``i`` sees (:func:`_key_block_partials`)
     * (9b) dK partials  as (7b), ``u scale sum_(h,b) |S^dK_hb,jc| + eta (G R_j - 1)``
+    * (2b) split-KV     with ``partials.out_splits`` = S > 1, (2) gains ``(u + u_w + 2 gamma_S + u_a) sum_j P_ij |V_jc|
+      + eta``, ``u_w = u_f + u_a (2 M_i + 2 ln n_i + 1)`` the error of a split's float32 weight
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``.
     """
@@ -415,6 +421,10 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                     + (eta + eta_a) * (seen @ v_abs)
                     + 3 * n[:, None] * eta_a
                 )
+                if partials.out_splits is not None and partials.out_splits > 1:
+                    # (2b)
+                    weight_error = u_f + u_a * (2 * row_max + 2 * torch.log(n.clamp(min=1))[:, None] + 1)
+                    b_out = b_out + (u + weight_error + 2 * gamma(partials.out_splits) + u_a) * pv + eta
                 bound_out[b, rows, heads] = b_out.transpose(0, 1)
                 # (3)
                 b_lse = (
