@@ -64,7 +64,7 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
 
 def bounds_for(kernel: LoadedKernel, case: Case, golden: Any) -> dict[str, torch.Tensor]:
     """The error model's per-element bounds for ``kernel`` on ``case`` (docs/error-model.md), with the partial
-    sums the kernel declares in ``config()`` (eqs. 7b to 9b)."""
+    sums the kernel declares in ``config()`` (eqs. 2b, 7b to 9b)."""
     partials = error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
     return error_model.first_order_bounds(case, golden, partials)
 
