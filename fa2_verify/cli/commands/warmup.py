@@ -40,20 +40,21 @@ DRAWS: tuple[tuple[dict, str], ...] = (
 )
 
 
-def _draw(strategy, examples: int) -> list:
-    """``examples`` values of ``strategy`` as Hypothesis draws them for a property, derandomized:
-    the same cases, so the same variants, on every run."""
+def _draw(strategy, examples: int, seed: int | None = None) -> list:
+    """``examples`` values of ``strategy`` as Hypothesis draws them for a property: derandomized (the same
+    cases, so the same variants, on every run), or, with ``seed``, as a run with that seed draws them."""
     from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import seed as hypothesis_seed
 
     drawn: list = []
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=(Phase.generate,),
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples, derandomize=seed is None, database=None, deadline=None,
+              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
     @given(strategy)
     def collect(value) -> None:
         drawn.append(value)
 
-    collect()
+    (collect if seed is None else hypothesis_seed(seed)(collect))()
     return drawn
 
 
@@ -69,10 +70,10 @@ def _related(spec: CaseSpec, relation: str, layout: str) -> list[tuple[CaseSpec,
     return cases
 
 
-def profile_cases(profile_name: str, examples: int) -> list[tuple[CaseSpec, str]]:
+def profile_cases(profile_name: str, examples: int, seed: int | None = None) -> list[tuple[CaseSpec, str]]:
     """(case, layout) pairs that the ``triton`` kernel runs on a GPU under ``profile_name``: ``examples``
     draws of each property's case strategy (:data:`DRAWS`, and the varlen cases, each in a layout as the
-    varlen property draws it) with the related cases."""
+    varlen property draws it) with the related cases; derandomized, or drawn with ``seed`` (:func:`_draw`)."""
     from hypothesis import strategies as st
 
     from fa2_verify.properties.cases import case_specs
@@ -84,10 +85,10 @@ def profile_cases(profile_name: str, examples: int) -> list[tuple[CaseSpec, str]
     cases: list[tuple[CaseSpec, str]] = []
     for options, relation in DRAWS:
         strategy = st.tuples(case_specs(capabilities=capabilities, device="cuda", limits=limits, **options), layouts)
-        for spec, layout in _draw(strategy, examples):
+        for spec, layout in _draw(strategy, examples, seed):
             cases += _related(spec, relation, layout)
     varlen = varlen_specs(capabilities=capabilities, device="cuda", limits=limits, backward=True)
-    cases += _draw(st.tuples(varlen, st.sampled_from(LAYOUTS)), examples)
+    cases += _draw(st.tuples(varlen, st.sampled_from(LAYOUTS)), examples, seed)
     return cases
 
 
