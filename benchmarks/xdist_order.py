@@ -10,7 +10,7 @@ it runs and the next) steals half of the longest queue, from its tail, but
 never a victim's last two.  It prints the makespan (plus ``--startup``
 seconds per worker) for the tests in their collected order (one test per
 dtype, side by side) and in the plugin's dtype-major order
-(``properties.plugin.pytest_collection_modifyitems``).
+(:func:`properties.plugin.dtype_major`).
 
 A replay, not a measurement: a test's time in the real run depends on what
 other workers had compiled before it, and the replay keeps it fixed.  It
@@ -24,7 +24,7 @@ import argparse
 import heapq
 import json
 
-from fa2_verify.properties import declaration, test_determinism, test_golden, test_metamorphic
+from fa2_verify.properties import declaration, plugin, test_determinism, test_golden, test_metamorphic
 
 #: The property modules in pytest's collection order (file names, sorted).
 MODULES = (test_determinism, test_golden, test_metamorphic)
@@ -61,9 +61,10 @@ def makespan(durations: list[float], workers: int, startup: float) -> float:
 def orders(seconds: dict[str, float], dtypes: tuple[str, ...]) -> dict[str, list[str]]:
     """The tests of ``seconds`` (``test_<property>[<dtype>]``) collected as written and dtype-major."""
     names = [name for module in MODULES for name, obj in vars(module).items() if isinstance(obj, declaration.Property)]
-    collected = [f"{name}[{dtype}]" for name in names for dtype in dtypes if f"{name}[{dtype}]" in seconds]
-    dtype_major = [f"{name}[{dtype}]" for dtype in dtypes for name in names if f"{name}[{dtype}]" in seconds]
-    return {"collected": collected, "dtype-major": dtype_major}
+    shards = [(name, dtype) for name in names for dtype in dtypes if f"{name}[{dtype}]" in seconds]
+    order = plugin.dtype_major([dtype for _, dtype in shards], dtypes)
+    collected = [f"{name}[{dtype}]" for name, dtype in shards]
+    return {"collected": collected, "dtype-major": [collected[position] for position in order]}
 
 
 def main(argv: list[str] | None = None) -> None:

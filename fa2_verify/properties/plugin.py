@@ -361,11 +361,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     if _dtypes_key not in config.stash:
         return
-    rank = {dtype: index for index, dtype in enumerate(config.stash[_dtypes_key])}
     slots = [index for index, item in enumerate(items) if _is_property(item)]
-    ordered = sorted((items[index] for index in slots), key=lambda item: rank.get(item.obj.fa2_dtype, 0))
-    for index, item in zip(slots, ordered):
-        items[index] = item
+    shards = [items[index] for index in slots]
+    order = dtype_major([shard.obj.fa2_dtype for shard in shards], config.stash[_dtypes_key])
+    for index, position in zip(slots, order):
+        items[index] = shards[position]
+
+
+def dtype_major(shard_dtypes: list[str | None], dtypes: tuple[str, ...]) -> list[int]:
+    """The positions of shards of dtypes ``shard_dtypes`` (in collection order) in dtype-major order: by the
+    rank of their dtype in ``dtypes``, collection order within a dtype (a shard of no dtype ranks first)."""
+    rank = {dtype: index for index, dtype in enumerate(dtypes)}
+    return sorted(range(len(shard_dtypes)), key=lambda position: rank.get(shard_dtypes[position], 0))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -51,9 +51,14 @@ def require_interpreter(flag: str) -> None:
                          "accesses of kernels that the Triton interpreter runs")
 
 
+def _elements(tensor: torch.Tensor) -> int:
+    """How many elements of storage ``tensor`` spans, from its first to its last (strides are non-negative)."""
+    return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+
+
 def guarded(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor``'s values and strides, in the middle third of a NaN-filled storage (integers: -1)."""
-    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+    span = _elements(tensor)
     fill = float("nan") if tensor.dtype.is_floating_point else -1
     storage = torch.full((3 * span,), fill, dtype=tensor.dtype)
     view = storage.as_strided(tensor.shape, tensor.stride(), storage_offset=span)
@@ -65,8 +70,7 @@ def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
     """[first byte, one past the last byte) of ``tensor``'s elements, or ``None`` when it has none."""
     if tensor.numel() == 0:
         return None
-    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()))
-    return tensor.data_ptr(), tensor.data_ptr() + (last + 1) * tensor.element_size()
+    return tensor.data_ptr(), tensor.data_ptr() + _elements(tensor) * tensor.element_size()
 
 
 @contextlib.contextmanager
