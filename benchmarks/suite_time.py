@@ -15,11 +15,18 @@ Passes (``--passes``, in the order given):
 * ``cold``: Triton's cache (``TRITON_CACHE_DIR``) empty: ``OUT/triton-cache``,
   emptied first, or ``--triton-cache DIR``, which must then be empty or absent;
 * ``warm``: the same cache again, as the passes before left it (a ``--triton-cache``
-  filled by a warm-up, for ``--passes warm``).
+  filled by a warm-up, for ``--passes warm``);
+* ``cold-known``: Triton's cache emptied again, but the test durations the
+  passes before recorded kept: a kernel change's CI run, whose variants are
+  all new but whose runner restored the last runs' durations, which the
+  plugin orders the tests on (:mod:`fa2_verify.properties.schedule`).
 
 Every pass starts from an empty golden cache (``FA2_VERIFY_GOLDEN_CACHE``) and
-example database of its own (``OUT/<pass>/``), as on a fresh CI runner, so the
-passes differ only in Triton's cache.  ``--package-root DIR`` times another
+example database of its own (``OUT/<pass>/``), as on a fresh CI runner.  The
+passes share pytest's cache (``OUT/pytest-cache``, where the plugin records
+each test's duration), which the ``cold`` pass empties first: it runs as a
+first run, with no durations known.  So the passes differ only in Triton's
+cache and in the durations known.  ``--package-root DIR`` times another
 copy of the package (``DIR/fa2_verify``, e.g. ``git archive main fa2_verify |
 tar -x -C DIR``) first on ``PYTHONPATH``, so before and after a change are
 measured in one session on one machine; the table says which package ran.
@@ -47,7 +54,7 @@ from benchmarks import suite_table  # noqa: E402
 from fa2_verify.core.errors import Fa2VerifyError, UsageError  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-PASSES = ("cold", "warm")
+PASSES = ("cold", "warm", "cold-known")
 PROPERTY_PLUGIN = "fa2_verify.properties.plugin"
 
 
@@ -59,7 +66,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", help="cpu, cuda or cuda:N (default cuda)")
     parser.add_argument("--profile", default="ci", help="property-suite profile (default ci)")
     parser.add_argument("--workers", type=int, default=12, help="pytest-xdist workers, 0 for none (default 12)")
-    parser.add_argument("--passes", default="cold,warm", help="comma-separated, from cold,warm (default cold,warm)")
+    parser.add_argument("--passes", default="cold,warm",
+                        help="comma-separated, from cold, warm and cold-known (default cold,warm)")
     parser.add_argument("--triton-cache", default=None, help="Triton cache directory (default OUT/triton-cache)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="stop each pass after SECONDS (SIGINT, as ci/device-scale.sh does: the tests finished "
@@ -72,7 +80,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     args.passes = tuple(name for name in args.passes.split(",") if name)
     unknown = [name for name in args.passes if name not in PASSES]
     if unknown or not args.passes:
-        raise UsageError(f"--passes={','.join(args.passes)}: use cold, warm or cold,warm")
+        raise UsageError(f"--passes={','.join(args.passes)}: use cold, warm and cold-known, comma-separated")
     if args.workers < 0:
         raise UsageError(f"--workers={args.workers}: use 0 (no xdist) or more")
     if args.package_root is not None:
@@ -91,9 +99,10 @@ def _entry_point_loads_plugin() -> bool:
     return any(entry.value == PROPERTY_PLUGIN for entry in importlib.metadata.entry_points(group="pytest11"))
 
 
-def pytest_command(args: argparse.Namespace, records: pathlib.Path, examples: pathlib.Path) -> list[str]:
+def pytest_command(args: argparse.Namespace, records: pathlib.Path, examples: pathlib.Path,
+                   pytest_cache: pathlib.Path) -> list[str]:
     """The pytest invocation of one pass (the suite as ``ci/properties.sh`` runs it, plus the timing plugin)."""
-    command = [sys.executable, "-m", "pytest", "--pyargs", "fa2_verify.properties", "-q", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", "--pyargs", "fa2_verify.properties", "-q", "-o", f"cache_dir={pytest_cache}"]
     if not _entry_point_loads_plugin():
         command += ["-p", PROPERTY_PLUGIN]
     command += ["-p", "benchmarks.suite_phases", "--suite-time-dir", str(records)]
@@ -112,13 +121,14 @@ def _fresh(directory: pathlib.Path) -> pathlib.Path:
 
 
 def triton_cache(args: argparse.Namespace, out: pathlib.Path, name: str) -> pathlib.Path:
-    """The pass's Triton cache: the cold pass needs it empty (emptying only the script's own default)."""
+    """The pass's Triton cache: a cold pass (``cold``, ``cold-known``) needs it empty (emptying only the
+    script's own default)."""
     if args.triton_cache is None:
         cache = out / "triton-cache"
-        return _fresh(cache) if name == "cold" else cache
+        return cache if name == "warm" else _fresh(cache)
     cache = pathlib.Path(args.triton_cache).resolve()
-    if name == "cold" and cache.exists() and any(cache.iterdir()):
-        raise UsageError(f"--triton-cache={args.triton_cache}: the cold pass needs an empty cache; "
+    if name != "warm" and cache.exists() and any(cache.iterdir()):
+        raise UsageError(f"--triton-cache={args.triton_cache}: the {name} pass needs an empty cache; "
                          "use an empty directory or --passes warm")
     return cache
 
@@ -143,11 +153,12 @@ def run_pass(args: argparse.Namespace, out: pathlib.Path, name: str) -> dict:
     records = folder / "records"
     cache = triton_cache(args, out, name)
     cache.mkdir(parents=True, exist_ok=True)
+    pytest_cache = _fresh(out / "pytest-cache") if name == "cold" else out / "pytest-cache"
     paths = [str(args.package_root)] if args.package_root else []
     paths += [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = dict(os.environ, TRITON_CACHE_DIR=str(cache), FA2_VERIFY_GOLDEN_CACHE=str(folder / "golden-cache"),
                PYTHONPATH=os.pathsep.join(paths), PYTHONUNBUFFERED="1")  # fmt: skip
-    command = pytest_command(args, records, folder / "examples")
+    command = pytest_command(args, records, folder / "examples", pytest_cache)
     print(f"== {name} pass: {' '.join(command[1:])}", flush=True)
     started = time.perf_counter()
     with (folder / "pytest.log").open("w", encoding="utf-8") as log:

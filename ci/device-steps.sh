@@ -3,7 +3,8 @@
 # device calls, each call collecting what is done so far; the steps of $FA2_STEPS
 # (default "triton flash flex fa4 bench mps"), in the order given:
 #   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
-#   triton-mps  the same under CUDA MPS, as the GPU workflow runs the suite (FA2_MPS=1);
+#   triton-mps  the same under CUDA MPS, as the GPU workflow runs the suite (FA2_MPS=1), then
+#           cold again with the durations the first two passes recorded (`cold-known`);
 #   flash   the same against torch-flash, one pass;
 #   flash-mps  the same under CUDA MPS;
 #   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
@@ -36,7 +37,8 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
         triton) "${suite_time[@]}" --kernel triton --passes cold,warm --time-limit 280 --out "$out/triton" \
                     -- --dist worksteal ;;
         triton-mps) nvidia-cuda-mps-control -d
-             "${suite_time[@]}" --kernel triton --passes cold,warm --time-limit 280 --out "$out/triton-mps" \
+             "${suite_time[@]}" --kernel triton --passes cold,warm,cold-known --time-limit 280 \
+                 --out "$out/triton-mps" \
                  -- --dist worksteal
              echo quit | nvidia-cuda-mps-control ;;
         flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \

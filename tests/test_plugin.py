@@ -413,3 +413,50 @@ def test_the_property_tests_run_dtype_major_and_other_tests_keep_their_place(run
     assert dtypes == sorted(dtypes, key=("float64", "float32").index), names
     first = [name.split("[")[0] for name in names if name.endswith("[float64]")]
     assert first == [name.split("[")[0] for name in names if name.endswith("[float32]")]
+
+
+ORDER_PROBE = '''
+import json, os, pathlib
+import pytest
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Write the final order of the collection (one file per process) and run nothing."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    pathlib.Path(f"order-{worker}.json").write_text(json.dumps([item.nodeid.split("/")[-1] for item in items]))
+    items[:] = []
+'''
+
+
+def test_a_run_records_its_property_tests_durations_in_pytests_cache(pytester, pytestconfig, monkeypatch):
+    """Without ``-p no:cacheprovider`` a run appends each property test's seconds to pytest's cache, under its
+    kernel, device and profile (what the next xdist run balances on); other tests are not recorded."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))
+    pytester.makepyfile(test_zz_plain="def test_plain():\n    pass\n")
+    args = ("--pyargs", "fa2_verify.properties", str(pytester.path / "test_zz_plain.py"), "-k",
+            "test_out_independent_across_batch or plain", "--fa2-kernel=reference", "--fa2-dtypes=float64")
+    pytester.runpytest_subprocess(*args).assert_outcomes(passed=2)
+    stored = json.loads((pytester.path / ".pytest_cache" / "v" / "fa2_verify" / "durations").read_text())
+    assert list(stored) == ["reference cpu dev"]
+    (test, seconds), = stored["reference cpu dev"].items()
+    assert test == "test_metamorphic.py::test_out_independent_across_batch[float64]"
+    assert len(seconds) == 1 and seconds[0] > 0
+
+
+def test_xdist_workers_order_the_property_tests_on_the_recorded_durations(pytester, pytestconfig, monkeypatch):
+    """Under ``--dist worksteal`` the controller passes the recorded durations to its workers, and each worker
+    orders the collection the same way: the longest test opens the first worker's run, the shortest follows
+    (a test never recorded is estimated at the median of those recorded)."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))
+    pytester.makepyfile(order_probe=ORDER_PROBE)
+    long_test, short_test = "test_golden.py::test_dq_within_error_model[float32]", "test_golden.py::test_out_within_error_model[float64]"
+    recorded = {long_test: [2.0, 100.0], short_test: [0.5]}
+    cache = pytester.path / ".pytest_cache" / "v" / "fa2_verify"
+    cache.mkdir(parents=True)
+    (cache / "durations").write_text(json.dumps({"reference cpu dev": recorded}))
+    args = ("--pyargs", "fa2_verify.properties", "-p", "order_probe", "-k", "within_error_model",
+            "--fa2-kernel=reference", "--fa2-dtypes=float64,float32")
+    pytester.runpytest_subprocess(*args, "-n", "2", "--dist", "worksteal")
+    orders = [json.loads((pytester.path / f"order-gw{worker}.json").read_text()) for worker in range(2)]
+    assert orders[0] == orders[1] and len(orders[0]) > 4
+    assert orders[0][:2] == [long_test, short_test]

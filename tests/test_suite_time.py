@@ -153,8 +153,9 @@ def test_a_record_file_with_a_bad_line_is_a_one_line_error(tmp_path):
 def test_options_after_a_double_dash_go_to_pytest():
     args = suite_time.parse(["--out", "o", "--passes", "warm", "--", "-k", "test_out", "--hypothesis-seed=1"])
     assert args.passes == ("warm",) and args.pytest_args == ["-k", "test_out", "--hypothesis-seed=1"]
-    command = suite_time.pytest_command(args, pathlib.Path("records"), pathlib.Path("examples"))
+    command = suite_time.pytest_command(args, pathlib.Path("records"), pathlib.Path("examples"), pathlib.Path("pc"))
     assert command[-3:] == ["-k", "test_out", "--hypothesis-seed=1"]
+    assert ["-o", "cache_dir=pc"] == command[command.index("-o") : command.index("-o") + 2]
     assert ["-n", "12"] == command[command.index("-n") : command.index("-n") + 2]
     assert "benchmarks.suite_phases" in command
 
@@ -162,7 +163,7 @@ def test_options_after_a_double_dash_go_to_pytest():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--passes", "hot"], "--passes=hot: use cold, warm"),
+        (["--passes", "hot"], "--passes=hot: use cold, warm and cold-known"),
         (["--workers", "-1"], "--workers=-1"),
         (["--package-root", "/nonexistent"], "holds no fa2_verify package"),
     ],
@@ -185,13 +186,16 @@ def test_the_cold_pass_refuses_a_given_cache_that_is_not_empty_and_empties_its_o
     given.mkdir()
     (given / "kernel.cubin").write_text("x")
     args = suite_time.parse(["--out", str(tmp_path), "--triton-cache", str(given)])
-    with pytest.raises(UsageError, match="the cold pass needs an empty cache"):
-        suite_time.triton_cache(args, tmp_path, "cold")
+    for name in ("cold", "cold-known"):
+        with pytest.raises(UsageError, match=f"the {name} pass needs an empty cache"):
+            suite_time.triton_cache(args, tmp_path, name)
     assert suite_time.triton_cache(args, tmp_path, "warm") == given
     own = suite_time.parse(["--out", str(tmp_path)])
     (tmp_path / "triton-cache").mkdir()
     (tmp_path / "triton-cache" / "old").write_text("x")
     assert not any(suite_time.triton_cache(own, tmp_path, "cold").iterdir())
+    (tmp_path / "triton-cache" / "old").write_text("x")
+    assert not any(suite_time.triton_cache(own, tmp_path, "cold-known").iterdir())
 
 
 @pytest.mark.slow

@@ -20,7 +20,14 @@ def test_an_idle_worker_steals_from_the_tail_of_the_longest_queue():
 def test_dtype_major_puts_a_propertys_shards_a_dtype_block_apart():
     seconds = {f"{name}[{dtype}]": 1.0 for name in ("test_out_within_error_model", "test_varlen_outputs_within_error_model")
                for dtype in ("float16", "float32")}
-    orders = xdist_order.orders(seconds, ("float16", "float32"))
+    orders = xdist_order.orders(seconds, ("float16", "float32"), workers=2, estimates={})
     assert orders["collected"][:2] == ["test_out_within_error_model[float16]", "test_out_within_error_model[float32]"]
     assert orders["dtype-major"] == ["test_out_within_error_model[float16]", "test_varlen_outputs_within_error_model[float16]",
                                      "test_out_within_error_model[float32]", "test_varlen_outputs_within_error_model[float32]"]
+
+
+def test_balanced_orders_are_replayed_on_each_set_of_estimates():
+    seconds = {f"test_out_within_error_model[{dtype}]": value for dtype, value in (("float16", 9.0), ("float32", 1.0))}
+    orders = xdist_order.orders(seconds, ("float16", "float32"), workers=2, estimates={"own": seconds, "none": {}})
+    assert set(orders) == {"collected", "dtype-major", "balanced, own"}
+    assert sorted(orders["balanced, own"]) == sorted(seconds)

@@ -47,7 +47,7 @@ from typing import Any
 
 import pytest
 
-from fa2_verify.properties import profiles
+from fa2_verify.properties import profiles, schedule
 from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 
@@ -59,9 +59,12 @@ MARKER = "fa2_property"
 THREADS_ENV = "OMP_NUM_THREADS"
 #: The key of the session's in-flight directory in an xdist worker's ``workerinput``.
 INFLIGHT_DIR = "fa2_inflight_dir"
+#: The key of the recorded test durations in an xdist worker's ``workerinput`` (:mod:`properties.schedule`).
+DURATIONS = "fa2_durations"
 
 _UNSUPPORTED = "fa2_unsupported"
 _OBSERVED = "fa2_observed"
+_DURATION_LOG = "fa2-verify-durations"
 _options_key = pytest.StashKey["dict[str, Any]"]()
 _inflight_key = pytest.StashKey[InFlight]()
 _dtypes_key = pytest.StashKey["tuple[str, ...]"]()
@@ -186,6 +189,10 @@ def pytest_configure(config: pytest.Config) -> None:
     }
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
+    cache = getattr(config, "cache", None)
+    if kernel_name is not None and cache is not None and not hasattr(config, "workerinput"):
+        key = schedule.run_key(kernel_name, DEFAULT_DEVICE if device_option is None else device_option, profile_name)
+        config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED)), _DURATION_LOG)
 
 
 def _check_bounds(config: pytest.Config, *, enter: bool) -> None:
@@ -231,6 +238,9 @@ def inflight_of(config: pytest.Config) -> InFlight:
 def pytest_configure_node(node) -> None:
     """pytest-xdist, on the controller: the worker keeps its in-flight file in the controller's directory."""
     node.workerinput[INFLIGHT_DIR] = str(inflight_of(node.config).directory)
+    log = node.config.pluginmanager.get_plugin(_DURATION_LOG)
+    if log is not None and node.config.getoption("dist", None) == "worksteal":
+        node.workerinput[DURATIONS] = schedule.recorded_durations(log.cache, log.key)
 
 
 def _validate_target(
@@ -346,33 +356,26 @@ def _is_property(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the property tests dtype-major: every property's first-dtype shard, then every second-dtype
-    shard, and so on; any other test keeps its place.
-
-    pytest-xdist hands each worker a run of consecutive tests, and a worker
-    runs the two it holds in order (neither ``--dist load`` nor ``worksteal``
-    takes a worker's next test away).  Collected as written, a property's
-    shards are neighbours, and the costly ones are costly for every dtype:
-    the three shards of the varlen property (75 s each on a cold Triton
-    cache) ran one after another on one worker and set a cold run's
-    wall-clock (docs/benchmarks.md).  Dtype-major, they lie a whole dtype's
-    worth of tests apart.  The order is a function of the collection alone,
-    as xdist requires of every worker.
-    """
+    """Order the property tests for pytest-xdist's ``worksteal`` (:mod:`properties.schedule`): on a worker
+    whose controller passed the durations of earlier runs, and when every test collected is a property test,
+    balanced on them (:func:`schedule.balanced`); otherwise dtype-major, any other test keeping its place.
+    The order is a function of the collection and of what the controller passed, as xdist requires it to be
+    the same on every worker."""
     if _dtypes_key not in config.stash:
         return
     slots = [index for index, item in enumerate(items) if _is_property(item)]
     shards = [items[index] for index in slots]
-    order = dtype_major([shard.obj.fa2_dtype for shard in shards], config.stash[_dtypes_key])
+    workerinput = getattr(config, "workerinput", None)
+    recorded = workerinput.get(DURATIONS) if workerinput is not None else None
+    estimates = None
+    if recorded and len(shards) == len(items):
+        estimates = schedule.estimates_for([schedule.test_key(item.nodeid) for item in items], recorded)
+    if estimates is not None:
+        order = schedule.balanced(estimates, workerinput["workercount"])
+    else:
+        order = schedule.dtype_major([shard.obj.fa2_dtype for shard in shards], config.stash[_dtypes_key])
     for index, position in zip(slots, order):
         items[index] = shards[position]
-
-
-def dtype_major(shard_dtypes: list[str | None], dtypes: tuple[str, ...]) -> list[int]:
-    """The positions of shards of dtypes ``shard_dtypes`` (in collection order) in dtype-major order: by the
-    rank of their dtype in ``dtypes``, collection order within a dtype (a shard of no dtype ranks first)."""
-    rank = {dtype: index for index, dtype in enumerate(dtypes)}
-    return sorted(range(len(shard_dtypes)), key=lambda position: rank.get(shard_dtypes[position], 0))
 
 
 @pytest.hookimpl(wrapper=True)
