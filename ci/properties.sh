@@ -3,7 +3,9 @@
 # workers per GPU (default 4; worker gwI runs on cuda:I mod GPUs: a worker spends
 # most of its time on the CPU, in the golden and in Triton's compiler), with
 # `--dist worksteal` (an idle worker takes tests queued for a busy one: the
-# property tests differ in length by 10x, docs/benchmarks.md), writing
+# property tests differ in length by 10x, docs/benchmarks.md; the plugin orders
+# them on the durations it recorded in pytest's cache, .pytest_cache: keep it
+# between runs), writing
 # Allure results and keeping the Hypothesis example database in $FA2_OUT/examples
 # (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
 # on an empty cache the triton suite spends minutes compiling.  With FA2_WARMUP=1

@@ -19,6 +19,10 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   GPU, and a multiple of it several workers per GPU.
 * Each xdist worker takes an equal share of the CPU threads
   (:func:`worker_threads`) unless ``OMP_NUM_THREADS`` is set.
+* Each run records its property tests' durations in pytest's cache, and
+  under ``--dist worksteal`` the workers order the tests on the durations
+  recorded before, so that no worker holds two long ones
+  (:mod:`properties.schedule`); without them, dtype-major.
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
   ``<rootdir>/.fa2-golden-cache``.
 * A property needing a capability the kernel lacks (or a kernel that cannot
