@@ -15,6 +15,7 @@ the measurements.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Any
 
@@ -119,11 +120,17 @@ _lock = threading.Lock()
 _recorded: dict[str, dict[str, Any]] = {}
 
 
+@functools.cache
+def compute_capability(device: torch.device) -> tuple[int, int]:
+    """``device``'s CUDA compute capability, asked once per device (every kernel call needs it)."""
+    return torch.cuda.get_device_capability(device)
+
+
 def target_for(device: torch.device, interpret: bool) -> str:
     """The table a device uses: ``interpreter``, ``sm90`` (Hopper) or ``cuda``."""
     if interpret or device.type != "cuda":
         return "interpreter"
-    major, _minor = torch.cuda.get_device_capability(device)
+    major, _minor = compute_capability(device)
     return "sm90" if major == 9 else "cuda"
 
 

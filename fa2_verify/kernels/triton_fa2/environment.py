@@ -15,6 +15,7 @@ from the environment; afterwards from what that import saw.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import sys
@@ -51,27 +52,7 @@ class Environment:
 
     @property
     def capabilities(self) -> Capabilities:
-        dtypes: dict[str, tuple[str, ...]] = {}
-        if self.triton_installed and self.interpret:
-            dtypes["cpu"] = CPU_DTYPES
-        elif self.triton_installed and self.cuda_available:
-            dtypes["cuda"] = CUDA_DTYPES
-        notes = (
-            "cpu runs only under the Triton interpreter: set TRITON_INTERPRET=1 before importing "
-            "fa2_verify.kernels.triton_fa2 (float16/float32; no bfloat16 arithmetic there)",
-            "head_dim is padded to the next power of two; softmax_scale must be >= 0",
-        )
-        return Capabilities(
-            dtypes=dtypes,
-            head_dims=HEAD_DIMS,
-            causal=True,
-            window=True,
-            gqa=True,
-            backward=True,
-            deterministic_backward=True,
-            varlen=True,
-            notes=notes,
-        )
+        return _capabilities(self.triton_installed, self.interpret, self.cuda_available)
 
     def unavailable_reason(self) -> str | None:
         if not self.triton_installed:
@@ -84,12 +65,44 @@ class Environment:
         return None
 
 
+@functools.cache
+def _capabilities(triton_installed: bool, interpret: bool, cuda_available: bool) -> Capabilities:
+    """The kernels' capabilities in an environment: one validated record per environment, as every kernel call
+    checks its problem against them (building it per call took a fifth of a forward call's host time)."""
+    dtypes: dict[str, tuple[str, ...]] = {}
+    if triton_installed and interpret:
+        dtypes["cpu"] = CPU_DTYPES
+    elif triton_installed and cuda_available:
+        dtypes["cuda"] = CUDA_DTYPES
+    notes = (
+        "cpu runs only under the Triton interpreter: set TRITON_INTERPRET=1 before importing "
+        "fa2_verify.kernels.triton_fa2 (float16/float32; no bfloat16 arithmetic there)",
+        "head_dim is padded to the next power of two; softmax_scale must be >= 0",
+    )
+    return Capabilities(
+        dtypes=dtypes,
+        head_dims=HEAD_DIMS,
+        causal=True,
+        window=True,
+        gqa=True,
+        backward=True,
+        deterministic_backward=True,
+        varlen=True,
+        notes=notes,
+    )
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def current() -> Environment:
     """The environment now (the interpret mode is the one the kernels were built with, once imported)."""
     module = sys.modules.get(_KERNEL_MODULE)
     interpret = module.INTERPRET if module is not None else interpret_requested()
     return Environment(
-        triton_installed=importlib.util.find_spec("triton") is not None,
+        triton_installed=_triton_installed(),
         interpret=interpret,
         cuda_available=torch.cuda.is_available(),
     )

@@ -34,7 +34,7 @@ def _target(problem: Problem) -> str:
 def _tma_capable(problem: Problem) -> bool:
     """A Hopper-or-later GPU, not the interpreter: where TMA tensor descriptors exist."""
     return (not kernels.INTERPRET and problem.device.type == "cuda"
-            and torch.cuda.get_device_capability(problem.device)[0] >= 9)
+            and configs.compute_capability(problem.device)[0] >= 9)
 
 
 def _tiles(problem: Problem, passes: tuple[str, ...], override: Mapping[str, TileConfig] | None) -> dict[str, TileConfig]:
