@@ -83,6 +83,7 @@ def test_the_log_adds_each_property_tests_phases_and_keeps_the_last_runs():
     cache = FakeCache({schedule.CACHE_KEY: {"triton cuda ci": {"test_g.py::test_a[float16]": [1.0] * schedule.HISTORY},
                                             "reference cpu dev": {"test_g.py::test_a[float16]": [7.0]}}})
     log = schedule.DurationLog(cache, "triton cuda ci", ("fa2_observed", "fa2_unsupported"))
+    assert log.recorded == {"test_g.py::test_a[float16]": [1.0] * schedule.HISTORY}
     log.pytest_runtest_logreport(_report("dir/test_g.py::test_a[float16]", 2.0))
     log.pytest_runtest_logreport(_report("dir/test_g.py::test_a[float16]", 40.0, [("fa2_observed", "{}")]))
     log.pytest_runtest_logreport(_report("dir/test_g.py::test_a[float16]", 0.5))

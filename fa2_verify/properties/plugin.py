@@ -244,7 +244,7 @@ def pytest_configure_node(node) -> None:
     node.workerinput[INFLIGHT_DIR] = str(inflight_of(node.config).directory)
     log = node.config.pluginmanager.get_plugin(_DURATION_LOG)
     if log is not None and node.config.getoption("dist", None) == "worksteal":
-        node.workerinput[DURATIONS] = schedule.recorded_durations(log.cache, log.key)
+        node.workerinput[DURATIONS] = log.recorded
 
 
 def _validate_target(

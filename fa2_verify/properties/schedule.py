@@ -109,12 +109,16 @@ def recorded_durations(cache, key: str) -> dict[str, list[float]]:
 
 class DurationLog:
     """Records each property test's duration (setup, call and teardown) from the reports of a session (on the
-    xdist controller, every worker's) and, at its end, appends them to the cache's records of ``key``."""
+    xdist controller, every worker's) and, at its end, appends them to the cache's records of ``key``.
+
+    ``recorded`` holds the records as the session found them, read once: what the controller passes to every
+    worker, so that all of them order the collection the same way even if another session writes the cache."""
 
     def __init__(self, cache, key: str, property_marks: tuple[str, ...]) -> None:
         self.cache = cache
         self.key = key
         self.property_marks = property_marks
+        self.recorded = recorded_durations(cache, key)
         self.seconds: dict[str, float] = {}
         self.properties: set[str] = set()
 
