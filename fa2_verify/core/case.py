@@ -122,8 +122,11 @@ SEED_LIMIT = 2**64
 
 
 def _is_int(value: Any) -> bool:
-    """An integer (Python's or numpy's), not a bool: ``True`` is an int in Python but never a size."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    """An integer (Python's or numpy's), not a bool: ``True`` is an int in Python but never a size.
+
+    A plain ``int`` is decided by its type alone (``type(True)`` is ``bool``): the ABC check costs most
+    of a case's validation, which every kernel call of the ``triton`` target makes."""
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
 def _check_field(field: str, value: Any) -> None:
