@@ -57,9 +57,9 @@ def test_estimates_are_the_longest_recorded_and_the_median_for_a_new_test():
     assert schedule.estimates_for(["a"], {}) is None
 
 
-def test_test_key_drops_the_directories_of_the_node_id():
-    assert schedule.test_key("fa2_verify/properties/test_golden.py::test_dq[float16]") == "test_golden.py::test_dq[float16]"
-    assert schedule.test_key("test_golden.py::test_dq[float16]") == "test_golden.py::test_dq[float16]"
+def test_a_tests_name_in_the_records_drops_the_directories_of_its_node_id():
+    assert schedule.name_in_records("fa2_verify/properties/test_golden.py::test_dq[float16]") == "test_golden.py::test_dq[float16]"
+    assert schedule.name_in_records("test_golden.py::test_dq[float16]") == "test_golden.py::test_dq[float16]"
 
 
 class FakeCache:

@@ -373,7 +373,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     recorded = workerinput.get(DURATIONS) if workerinput is not None else None
     estimates = None
     if recorded and len(shards) == len(items):
-        estimates = schedule.estimates_for([schedule.test_key(item.nodeid) for item in items], recorded)
+        estimates = schedule.estimates_for([schedule.name_in_records(item.nodeid) for item in items], recorded)
     if estimates is not None:
         order = schedule.balanced(estimates, workerinput["workercount"])
     else:

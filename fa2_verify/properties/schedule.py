@@ -20,8 +20,8 @@ at least the longest such pair.
   one runs), and the rest are dealt longest first to the run with the least
   work so far, from whose tail idle workers steal them.  Replayed on four
   measured cold `ci` runs (``python -m benchmarks.xdist_order``, durations
-  of another run as the estimates), it ends within 16 s of the longest test
-  on 16 workers, where dtype-major ends 40 to 60 s later (docs/benchmarks.md).
+  of another run as the estimates), it ends 2 to 16 s after the longest test
+  on 16 workers, where dtype-major ends 45 to 69 s after it (docs/benchmarks.md).
 
 The estimate of a test is the longest of its last :data:`HISTORY` recorded
 durations: a run on a cold Triton cache takes several times a warm one, and
@@ -91,7 +91,7 @@ def run_key(kernel: str, device: str, profile: str) -> str:
     return f"{kernel} {device} {profile}"
 
 
-def test_key(nodeid: str) -> str:
+def name_in_records(nodeid: str) -> str:
     """A test's name in the records, ``<file>::<test>[<dtype>]``: its node id without the directories,
     which depend on the rootdir and on ``--pyargs``."""
     return nodeid.rsplit("/", 1)[-1]
@@ -123,7 +123,7 @@ class DurationLog:
         self.properties: set[str] = set()
 
     def pytest_runtest_logreport(self, report: Any) -> None:
-        test = test_key(report.nodeid)
+        test = name_in_records(report.nodeid)
         self.seconds[test] = self.seconds.get(test, 0.0) + report.duration
         if any(name in self.property_marks for name, _ in report.user_properties):
             self.properties.add(test)
