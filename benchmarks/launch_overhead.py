@@ -82,13 +82,16 @@ def forward_stages(row, calls: int) -> dict[str, float]:
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqlens", default="1024,2048", help="comma-separated sequence lengths (default 1024,2048)")
     parser.add_argument("--calls", type=int, default=50, help="calls issued per host measurement (default 50)")
     parser.add_argument("--profile", action="store_true", help="print where triton's host time goes")
     parser.add_argument("--stages", action="store_true", help="time each stage of a triton forward call")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("launch_overhead.py: error: no CUDA device: it times the kernels' launch on a GPU", file=sys.stderr)
+        return 2
     seqlens = {int(value) for value in args.seqlens.split(",")}
     print("| row | triton GPU ms | triton host ms/call | FA2 GPU ms | FA2 host ms/call |")
     print("|---|---:|---:|---:|---:|")
@@ -117,7 +120,8 @@ def main() -> None:
             torch.cuda.synchronize()
             print(f"\n{row.label()}: triton's host time over {args.calls} calls")
             pstats.Stats(profiler, stream=sys.stdout).sort_stats("cumulative").print_stats(35)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

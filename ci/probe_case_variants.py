@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 
 from fa2_verify.cli.commands.repro import parse_case
 from fa2_verify.cli.commands.run import resolve_target
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import Fa2VerifyError
 from fa2_verify.verify.check import check_case
 
 
@@ -46,19 +48,25 @@ def row(label: str, kernel, spec: CaseSpec, device: str) -> str:
     return f"| {label} | {'pass' if result.passed else '**fail**'} | {cells} |"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--case", required=True, help="the failing case's JSON spec")
     parser.add_argument("--vary", action="append", default=[], metavar="FIELD=VALUE", help="a variation to try (repeatable)")
     args = parser.parse_args()
-    kernel = resolve_target(args.kernel, args.device)
+    try:
+        kernel = resolve_target(args.kernel, args.device)
+        cases = variations(parse_case(args.case), args.vary)
+    except Fa2VerifyError as exc:
+        print(f"probe_case_variants.py: error: {exc}", file=sys.stderr)
+        return 2
     print("| case | verdict | worst normalized error per output |")
     print("|---|---|---|")
-    for label, spec in variations(parse_case(args.case), args.vary):
+    for label, spec in cases:
         print(row(label, kernel, spec, args.device), flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import sys
 
 
 def gradients(kernel, c: float, seqlen_k: int, head_dim: int, dtype_name: str, device: str) -> str:
@@ -55,7 +56,7 @@ def gradients(kernel, c: float, seqlen_k: int, head_dim: int, dtype_name: str, d
     return f"finite (rel. diff {worst:.2g})"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", required=True)
     parser.add_argument("--scores", default="-40,-25,-20,-17,-16,-15,-14,-10,0,10,17,25")
@@ -64,9 +65,19 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float16,bfloat16")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args()
+    import torch
+
+    from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.verify.registry import load_kernel
 
-    kernel = load_kernel(args.kernel)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"probe_uniform_scores.py: error: --device={args.device}: no CUDA device is visible", file=sys.stderr)
+        return 2
+    try:
+        kernel = load_kernel(args.kernel)
+    except Fa2VerifyError as exc:
+        print(f"probe_uniform_scores.py: error: {exc}", file=sys.stderr)
+        return 2
     scores = [float(value) for value in args.scores.split(",")]
     print(f"| dtype | d | seqlen_k | {' | '.join(f'c = {c:g}' for c in scores)} |")
     print(f"|---|---:|---:|{'---|' * len(scores)}")
@@ -76,7 +87,8 @@ def main() -> None:
         print(f"| {dtype} | {head_dim} | {seqlen_k} | {' | '.join(cells)} |", flush=True)
     print(f"(a row of equal scores c: P = 1/seqlen_k, LSE = c + ln(seqlen_k); e^-17 = {math.exp(-17):.2g} lies "
           f"below float16's smallest subnormal 6.0e-08)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
