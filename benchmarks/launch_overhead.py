@@ -55,14 +55,7 @@ def forward_stages(row, calls: int) -> dict[str, float]:
     scale = row.head_dim**-0.5
 
     def timed(fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        elapsed = time.perf_counter() - start
-        torch.cuda.synchronize()
-        return elapsed / calls * 1e6
+        return host_ms_per_call(fn, calls) * 1e3
 
     problem = validation.check_forward(q, k, v, softmax_scale=scale, causal=row.causal, window_size=(-1, -1))
     shape = (problem.batch, problem.heads_q, problem.seqlen_q)
