@@ -38,11 +38,10 @@ MIN_PENDING = 2
 def makespan(durations: list[float], workers: int, startup: float) -> float:
     """When the last of ``durations`` (in collection order) ends under worksteal on ``workers`` workers."""
     queues: list[list[int]] = []
-    rest = list(range(len(durations)))
-    for worker in range(workers):
-        share = len(rest) // (workers - worker)
-        queues.append(rest[:share])
-        rest = rest[share:]
+    start = 0
+    for share in schedule.worksteal_shares(len(durations), workers):
+        queues.append(list(range(start, start + share)))
+        start += share
     events = [(startup + durations[queue[0]], worker) for worker, queue in enumerate(queues) if queue]
     heapq.heapify(events)
     end = startup

@@ -15,7 +15,6 @@ unsupported variation is a row saying so.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -35,7 +34,7 @@ def variations(spec: CaseSpec, vary: list[str]) -> list[tuple[str, CaseSpec]]:
             value = json.loads(text)
         except json.JSONDecodeError:
             value = text
-        cases.append((option, parse_case(json.dumps(dataclasses.asdict(spec) | {field: value}))))
+        cases.append((option, parse_case(json.dumps(spec.to_dict() | {field: value}))))
     return cases
 
 

@@ -99,8 +99,18 @@ def name_in_records(nodeid: str) -> str:
 
 def recorded_durations(cache, key: str) -> dict[str, list[float]]:
     """The durations recorded for runs of ``key`` in pytest's ``cache`` (empty when none, or unreadable)."""
+    return _durations_of(_runs(cache), key)
+
+
+def _runs(cache) -> dict:
+    """Every kind of run's records in pytest's ``cache`` (empty when none, or unreadable)."""
     runs = cache.get(CACHE_KEY, {})
-    durations = runs.get(key, {}) if isinstance(runs, dict) else {}
+    return runs if isinstance(runs, dict) else {}
+
+
+def _durations_of(runs: dict, key: str) -> dict[str, list[float]]:
+    """The well-formed records of ``key`` among ``runs``: test name -> durations."""
+    durations = runs.get(key, {})
     if not isinstance(durations, dict):
         return {}
     return {test: [float(value) for value in values] for test, values in durations.items()
@@ -131,9 +141,8 @@ class DurationLog:
     def pytest_sessionfinish(self) -> None:
         if not self.properties:
             return
-        runs = self.cache.get(CACHE_KEY, {})
-        runs = runs if isinstance(runs, dict) else {}
-        records = recorded_durations(self.cache, self.key)
+        runs = _runs(self.cache)
+        records = _durations_of(runs, self.key)
         for test in self.properties:
             records[test] = (records.get(test, []) + [round(self.seconds[test], 3)])[-HISTORY:]
         runs[self.key] = records
