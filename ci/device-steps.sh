@@ -5,6 +5,8 @@
 #   triton  benchmarks/suite_time.py, `ci` against triton, cold then warm Triton cache;
 #   triton-mps  the same under CUDA MPS, as the GPU workflow runs the suite (FA2_MPS=1), then
 #           cold again with the durations the first two passes recorded (`cold-known`);
+#   triton-first  under CUDA MPS, one cold pass (empty Triton and pytest caches) ordered on the
+#           committed ci/durations.json (--fa2-durations): a fresh runner's first run;
 #   flash   the same against torch-flash, one pass;
 #   flash-mps  the same under CUDA MPS;
 #   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
@@ -40,6 +42,10 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
              "${suite_time[@]}" --kernel triton --passes cold,warm,cold-known --time-limit 280 \
                  --out "$out/triton-mps" \
                  -- --dist worksteal
+             echo quit | nvidia-cuda-mps-control ;;
+        triton-first) nvidia-cuda-mps-control -d
+             "${suite_time[@]}" --kernel triton --passes cold --time-limit 280 --out "$out/triton-first" \
+                 -- --dist worksteal --fa2-durations "$PWD/ci/durations.json"
              echo quit | nvidia-cuda-mps-control ;;
         flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \
                     -- --dist worksteal ;;

@@ -5,7 +5,8 @@
 # `--dist worksteal` (an idle worker takes tests queued for a busy one: the
 # property tests differ in length by 10x, docs/benchmarks.md; the plugin orders
 # them on the durations it recorded in pytest's cache, .pytest_cache: keep it
-# between runs), writing
+# between runs; a fresh runner orders them on ci/durations.json, a copy of those
+# records from one H100), writing
 # Allure results and keeping the Hypothesis example database in $FA2_OUT/examples
 # (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
 # on an empty cache the triton suite spends minutes compiling.  With FA2_WARMUP=1
@@ -44,6 +45,6 @@ fi
 rm -rf "$FA2_OUT/allure-results"
 "$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" --dist worksteal \
     --fa2-kernel "$FA2_KERNEL" --fa2-device "$FA2_DEVICE" --fa2-profile "$FA2_PROFILE" \
-    --fa2-examples-dir "$FA2_OUT/examples" \
+    --fa2-examples-dir "$FA2_OUT/examples" --fa2-durations ci/durations.json \
     --alluredir "$FA2_OUT/allure-results" \
     --junitxml "$FA2_OUT/properties.xml" "${checks[@]}" "$@"

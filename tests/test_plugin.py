@@ -460,3 +460,22 @@ def test_xdist_workers_order_the_property_tests_on_the_recorded_durations(pytest
     orders = [json.loads((pytester.path / f"order-gw{worker}.json").read_text()) for worker in range(2)]
     assert orders[0] == orders[1] and len(orders[0]) > 4
     assert orders[0][:2] == [long_test, short_test]
+
+
+def test_a_durations_file_orders_a_first_run_and_a_bad_one_is_a_usage_error(pytester, pytestconfig, monkeypatch):
+    """``--fa2-durations FILE`` (a copy of the cache's records) orders a run whose cache holds none; a file that
+    is not such a copy, or the option without ``--fa2-kernel``, is a one-line usage error."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))
+    pytester.makepyfile(order_probe=ORDER_PROBE)
+    long_test, short_test = "test_golden.py::test_dq_within_error_model[float32]", "test_golden.py::test_out_within_error_model[float64]"
+    recorded = {long_test: [100.0], short_test: [0.5]}
+    (pytester.path / "durations.json").write_text(json.dumps({"reference cpu dev": recorded}))
+    args = ("--pyargs", "fa2_verify.properties", "-p", "order_probe", "-k", "within_error_model",
+            "--fa2-kernel=reference", "--fa2-dtypes=float64,float32")
+    pytester.runpytest_subprocess(*args, "-n", "2", "--dist", "worksteal", "--fa2-durations=durations.json")
+    assert json.loads((pytester.path / "order-gw0.json").read_text())[:2] == [long_test, short_test]
+    (pytester.path / "bad.json").write_text("[]")
+    for bad in (("--fa2-durations=bad.json", "--fa2-kernel=reference"), ("--fa2-durations=durations.json",)):
+        result = pytester.runpytest_subprocess("--pyargs", "fa2_verify.properties", *bad)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        assert "--fa2-durations" in result.stderr.str() and "Traceback" not in result.stderr.str()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import types
 
 import pytest
@@ -107,3 +108,28 @@ def test_a_session_without_property_tests_records_nothing():
 @pytest.mark.parametrize("stored", ["not a dict", {"triton cuda ci": "x"}, {"triton cuda ci": {"t": ["x"], "u": 3}}])
 def test_unreadable_records_read_as_none(stored):
     assert schedule.recorded_durations(FakeCache({schedule.CACHE_KEY: stored}), "triton cuda ci") == {}
+
+
+def test_a_durations_file_fills_in_the_tests_the_cache_has_not_recorded_and_is_not_written_back(tmp_path):
+    path = tmp_path / "durations.json"
+    path.write_text(json.dumps({"triton cuda ci": {"test_g.py::test_a[float16]": [80.0],
+                                                   "test_g.py::test_b[float16]": [5.0, 9.0]},
+                                "reference cpu dev": {"test_g.py::test_c[float64]": [1.0]}}))
+    known = schedule.durations_file(str(path), "triton cuda ci")
+    assert known == {"test_g.py::test_a[float16]": [80.0], "test_g.py::test_b[float16]": [5.0, 9.0]}
+    cache = FakeCache({schedule.CACHE_KEY: {"triton cuda ci": {"test_g.py::test_b[float16]": [3.0]}}})
+    log = schedule.DurationLog(cache, "triton cuda ci", ("fa2_observed",), known)
+    assert log.recorded == {"test_g.py::test_a[float16]": [80.0], "test_g.py::test_b[float16]": [3.0]}
+    log.pytest_runtest_logreport(_report("dir/test_g.py::test_b[float16]", 4.0, [("fa2_observed", "{}")]))
+    log.pytest_sessionfinish()
+    assert cache.values[schedule.CACHE_KEY] == {"triton cuda ci": {"test_g.py::test_b[float16]": [3.0, 4.0]}}
+
+
+@pytest.mark.parametrize(("content", "problem"), [(None, "cannot be read"), ("{", "is not JSON"),
+                                                  ("[1, 2]", "is not a mapping of run keys")])
+def test_a_bad_durations_file_is_named_in_one_line(tmp_path, content, problem):
+    path = tmp_path / "durations.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ValueError, match=problem):
+        schedule.durations_file(str(path), "triton cuda ci")

@@ -66,12 +66,12 @@ def test_an_absent_or_huge_window_bound_is_no_bound():
 
 @needs_compiler
 def test_head_dims_windows_and_strides_share_one_variant_per_kernel():
-    """Head dims 40..56 (one padded block), windows of any width (a huge one too), 2 or 3 heads,
+    """Head dims 72..120 (one padded block), windows of any width (a huge one too), 2 or 3 heads,
     deterministic or not: one variant of each kernel (the key-tile pass: with atomic dQ and without)."""
     specs = [
         dataclasses.replace(BASE, head_dim=head_dim, window_size=window, heads_q=heads, heads_kv=heads,
                             deterministic=deterministic)
-        for head_dim in (40, 48, 56)
+        for head_dim in (72, 96, 120)
         for window in ((5, 3), (0, 0), (7, 2**40))
         for heads in (2, 3)
         for deterministic in (False, True)
@@ -79,6 +79,23 @@ def test_head_dims_windows_and_strides_share_one_variant_per_kernel():
     counts = {kernel: len(keys) for kernel, keys in _keys(specs).items()}
     assert counts == {"forward_kernel": 1, "backward_preprocess_kernel": 1, "backward_kv_kernel": 2,
                       "backward_dq_kernel": 1}
+
+
+def test_the_default_backward_computes_dq_in_its_own_pass_where_the_table_says_so():
+    """16-bit head_dim 64 on Hopper (configs.separate_dq): the default backward runs the query-tile dQ
+    pass and a key-tile pass without atomics, as the deterministic one does; head_dim 128, float32 and
+    other GPUs keep the atomic adds."""
+    from fa2_verify.kernels.triton_fa2 import variants
+
+    def dq_passes(spec, target="sm90"):
+        planned = {plan.kernel: plan for plan in variants.launches(spec, target=target)}
+        return "backward_dq_kernel" in planned, planned["backward_kv_kernel"].constexprs["ATOMIC_DQ"]
+
+    assert dq_passes(BASE) == (True, False)
+    assert dq_passes(dataclasses.replace(BASE, head_dim=128)) == (False, True)
+    assert dq_passes(dataclasses.replace(BASE, dtype="float32")) == (False, True)
+    assert dq_passes(BASE, target="cuda") == (False, True)
+    assert dq_passes(dataclasses.replace(BASE, head_dim=128, deterministic=True)) == (True, False)
 
 
 @needs_compiler

@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         best = best_tiles(results)
         report["sweep_best"] = {f"{p} d={d} {size}": tile.as_dict() for (p, d, size), tile in best.items()}
         lines = [f"{r['point']['pass_name']:<12} d={r['point']['head_dim']:<3} s={r['point']['seqlen']:<5} "
-                 f"causal={r['point']['causal']!s:<5} "
+                 f"causal={r['point']['causal']!s:<5} deterministic={r['point']['deterministic']!s:<5} "
                  f"{tuple(r['point']['tile'].values())} " + (f"{r['ms']:.3f} ms" if "ms" in r else r["error"])
                  for r in results]
         _write(args.out, "sweep.txt", "\n".join(lines))

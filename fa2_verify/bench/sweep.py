@@ -1,8 +1,12 @@
 """The benchmark's ``sweep`` section: candidate tile configurations of one pass, timed.
 
-Candidate tiles (:data:`SWEEP_TILES`) of a pass at 16k tokens, head dims 64
-and 128, causal and full; the best by geometric mean per (pass, head_dim,
-seqlen bucket) (:func:`best_tiles`), which ``--use-sweep`` benches with.
+Candidate tiles (:data:`SWEEP_TILES`) of a pass at 16k tokens, causal and
+full; the best by geometric mean per (pass, head_dim, seqlen bucket)
+(:func:`best_tiles`), which ``--use-sweep`` benches with.  A backward point
+times the whole backward call: ``backward_kv`` tiles in both modes (with the
+atomic dq adds, and without them as the deterministic call runs the pass),
+``backward_dq`` tiles in the deterministic call, so the two modes' totals
+compare directly.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from fa2_verify.kernels.triton_fa2.configs import TileConfig, bucket
 
 
 #: (pass, head_dim) -> candidate tiles.  Earlier sweeps (docs/triton-kernel.md) settled the
-#: long-sequence rows and TMA; this one looks for the best forward tiles of short sequences.
+#: long-sequence rows and TMA; these look for the best forward tiles of short sequences and
+#: the head_dim 64 backward, whose ratio to PyTorch's FA2 trails head_dim 128's.
 SWEEP_TILES: dict[tuple[str, int], tuple[TileConfig, ...]] = {
     ("forward", 64): tuple(TileConfig(*t) for t in (
         (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 64, 4, 4), (128, 32, 4, 3), (64, 128, 4, 3),
@@ -23,10 +28,24 @@ SWEEP_TILES: dict[tuple[str, int], tuple[TileConfig, ...]] = {
     ("forward", 128): tuple(TileConfig(*t) for t in (
         (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 8, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2),
         (128, 32, 8, 3), (64, 32, 4, 3))),
+    ("backward_kv", 64): tuple(TileConfig(*t) for t in (
+        (32, 128, 4, 3, True), (32, 128, 4, 3), (32, 128, 4, 4, True), (32, 128, 8, 3, True),
+        (64, 128, 8, 3, True), (64, 128, 8, 3), (64, 128, 4, 3, True), (64, 64, 4, 3, True),
+        (32, 64, 4, 3, True), (16, 128, 4, 3, True), (64, 128, 8, 2, True))),
+    ("backward_dq", 64): tuple(TileConfig(*t) for t in (
+        (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 32, 8, 3), (64, 128, 8, 3), (128, 128, 8, 3),
+        (128, 64, 8, 2))),
 }
 
 #: Sequence lengths each pass is swept at (16k tokens per batch).
-SWEEP_SEQLENS: dict[str, tuple[int, ...]] = {"forward": (1024, 2048)}
+SWEEP_SEQLENS: dict[str, tuple[int, ...]] = {
+    "forward": (1024, 2048),
+    "backward_kv": (1024, 4096, 16384),
+    "backward_dq": (1024, 4096, 16384),
+}
+
+#: The backward modes each pass is swept in (``deterministic``): the dq pass exists only in one.
+SWEEP_MODES: dict[str, tuple[bool, ...]] = {"forward": (False,), "backward_kv": (False, True), "backward_dq": (True,)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,19 +56,21 @@ class SweepPoint:
     tile: TileConfig
     seqlen: int = 4096
     dtype: str = "float16"
+    deterministic: bool = False
 
 
 SWEEP_POINTS: tuple[SweepPoint, ...] = tuple(
-    SweepPoint(pass_name, head_dim, causal, tile, seqlen)
+    SweepPoint(pass_name, head_dim, causal, tile, seqlen, deterministic=deterministic)
     for (pass_name, head_dim), tiles in SWEEP_TILES.items()
     for seqlen in SWEEP_SEQLENS[pass_name]
+    for deterministic in SWEEP_MODES[pass_name]
     for causal in (False, True)
     for tile in tiles
 )
 
 
 def sweep_point(point: SweepPoint, *, warm_only: bool = False) -> dict:
-    """Time one pass with one tile config; the backward passes alone (forward done once outside)."""
+    """Time one pass with one tile config; a backward point times the backward call alone (forward done once)."""
     from fa2_verify.kernels.triton_fa2 import launch
 
     q, k, v, dout = timing_inputs(TOKENS // point.seqlen, point.seqlen, HIDDEN // point.head_dim, point.head_dim,
@@ -60,8 +81,7 @@ def sweep_point(point: SweepPoint, *, warm_only: bool = False) -> dict:
         fn = lambda: launch.forward(q, k, v, tiles={"forward": point.tile}, **mask)  # noqa: E731
     else:
         out, lse = launch.forward(q, k, v, **mask)
-        deterministic = point.pass_name == "backward_dq"
-        fn = lambda: launch.backward(dout, q, k, v, out, lse, deterministic=deterministic,  # noqa: E731
+        fn = lambda: launch.backward(dout, q, k, v, out, lse, deterministic=point.deterministic,  # noqa: E731
                                      tiles={point.pass_name: point.tile}, **mask)
     try:
         fn()
@@ -81,12 +101,15 @@ def _point_dict(point: SweepPoint) -> dict:
 
 def best_tiles(results: list[dict]) -> dict[tuple[str, int, str], TileConfig]:
     """Per (pass, head_dim, seqlen bucket): the tile with the smallest geometric-mean time over
-    causal/full and the bucket's seqlens (only tiles measured at all of them)."""
+    causal/full and the bucket's seqlens (only tiles measured at all of them), each pass in the
+    mode that runs it by default (``backward_kv`` with atomic dq, ``backward_dq`` deterministic)."""
     times: dict[tuple[str, int, str, tuple], list[float]] = {}
     for result in results:
         if "ms" not in result:
             continue
         point = result["point"]
+        if point.get("deterministic", False) != SWEEP_MODES[point["pass_name"]][0]:
+            continue
         key = (point["pass_name"], point["head_dim"], bucket(point["seqlen"]), tuple(point["tile"].values()))
         times.setdefault(key, []).append(result["ms"])
     best: dict[tuple[str, int, str], tuple[float, TileConfig]] = {}

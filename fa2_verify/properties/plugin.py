@@ -110,6 +110,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "arguments (a load past a tensor that faults a GPU only where the page is unmapped)",
     )
     group.addoption(
+        "--fa2-durations",
+        default=None,
+        metavar="FILE",
+        help="property-test durations recorded elsewhere, for the tests pytest's cache has not recorded: a copy "
+        f"of <cache>/v/{schedule.CACHE_KEY} (e.g. kept in the repository for fresh CI runners); "
+        "--dist worksteal orders the tests on them",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -173,7 +181,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
-                                      ("--fa2-bounds-check", bounds_check or None)) if value is not None),
+                                      ("--fa2-bounds-check", bounds_check or None),
+                                      ("--fa2-durations", config.getoption("fa2_durations"))) if value is not None),
             None,
         )
         if alone is not None:
@@ -194,9 +203,23 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
     cache = getattr(config, "cache", None)
+    if cache is None and config.getoption("fa2_durations") is not None:
+        raise pytest.UsageError("--fa2-durations needs pytest's cache: drop -p no:cacheprovider")
     if kernel_name is not None and cache is not None and not hasattr(config, "workerinput"):
         key = schedule.run_key(kernel_name, DEFAULT_DEVICE if device_option is None else device_option, profile_name)
-        config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED)), _DURATION_LOG)
+        known = _durations_option(config.getoption("fa2_durations"), key)
+        config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED), known),
+                                      _DURATION_LOG)
+
+
+def _durations_option(path: str | None, key: str) -> dict[str, list[float]]:
+    """``--fa2-durations``: the durations the file holds for runs of ``key`` (none without the option)."""
+    if path is None:
+        return {}
+    try:
+        return schedule.durations_file(path, key)
+    except ValueError as exc:
+        raise _usage("--fa2-durations", path, str(exc)) from None
 
 
 def _check_bounds(config: pytest.Config, *, enter: bool) -> None:

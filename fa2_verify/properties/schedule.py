@@ -29,10 +29,17 @@ the order is for the slow case (a kernel change misses every cached variant,
 but the runs before it were warm).  Replayed, warm runs lose nothing by it:
 ordered on the cold pass's durations they end 0 to 4 s sooner than
 dtype-major (three measured runs, 12 and 16 workers).
+
+A first run on a fresh runner has no records: ``--fa2-durations FILE``
+supplies them from a copy of the cache's records kept with the tests
+(:func:`durations_file`; pytest-split's committed ``.test_durations`` is the
+same idea), for the tests the cache has not recorded.
 """
 
 from __future__ import annotations
 
+import json
+import pathlib
 import statistics
 from typing import Any
 
@@ -117,18 +124,36 @@ def _durations_of(runs: dict, key: str) -> dict[str, list[float]]:
             if isinstance(values, list) and all(isinstance(value, (int, float)) for value in values)}
 
 
+def durations_file(path: str, key: str) -> dict[str, list[float]]:
+    """The durations of runs of ``key`` in ``path``, a file in the format of the cache's records (a copy of
+    ``.pytest_cache/v/fa2_verify/durations``); ValueError naming what is wrong with the file."""
+    try:
+        runs = json.loads(pathlib.Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"is not JSON ({exc})") from None
+    if not isinstance(runs, dict):
+        raise ValueError("is not a mapping of run keys to recorded durations (a copy of "
+                         f"<cache>/v/{CACHE_KEY})")
+    return _durations_of(runs, key)
+
+
 class DurationLog:
     """Records each property test's duration (setup, call and teardown) from the reports of a session (on the
     xdist controller, every worker's) and, at its end, appends them to the cache's records of ``key``.
 
     ``recorded`` holds the records as the session found them, read once: what the controller passes to every
-    worker, so that all of them order the collection the same way even if another session writes the cache."""
+    worker, so that all of them order the collection the same way even if another session writes the cache.
+    ``known`` (from :func:`durations_file`) fills in the tests the cache has not recorded; only this
+    session's own durations are written back."""
 
-    def __init__(self, cache, key: str, property_marks: tuple[str, ...]) -> None:
+    def __init__(self, cache, key: str, property_marks: tuple[str, ...],
+                 known: dict[str, list[float]] | None = None) -> None:
         self.cache = cache
         self.key = key
         self.property_marks = property_marks
-        self.recorded = recorded_durations(cache, key)
+        self.recorded = {**(known or {}), **recorded_durations(cache, key)}
         self.seconds: dict[str, float] = {}
         self.properties: set[str] = set()
 

@@ -77,8 +77,15 @@ _SM90 = _rows(
 _SM90_SHORT = _rows(
     {
         ("forward", "16bit", 128): (128, 64, 8, 3),
+        ("backward_dq", "16bit", 64): (64, 64, 4, 3),
     }
 )
+
+#: (precision, padded head dim) whose default backward computes dQ in the deterministic pass over query
+#: tiles rather than by fp32 atomic adds in the key-tile pass, because it is faster there: at head_dim 64
+#: the two-pass backward took 3.53 ms against 3.74 (geometric mean over seqlen 1k/4k/16k, causal and
+#: full, float16, one H100; docs/benchmarks.md, "The head_dim 64 backward").
+_SM90_SEPARATE_DQ = frozenset({("16bit", 64)})
 
 #: Other CUDA GPUs: conservative tiles that fit 100 KB of shared memory (not tuned).
 _GENERIC_CUDA = _rows(
@@ -111,6 +118,7 @@ TABLES: dict[str, dict[tuple[str, str, int], TileConfig]] = {
     "interpreter": _INTERPRETER,
 }
 SHORT_TABLES: dict[str, dict[tuple[str, str, int], TileConfig]] = {"sm90": _SM90_SHORT}
+SEPARATE_DQ: dict[str, frozenset[tuple[str, int]]] = {"sm90": _SM90_SEPARATE_DQ}
 
 #: Sequences up to this length use the short-sequence rows: their few key tiles per program
 #: favour smaller tiles than long sequences do.
@@ -148,6 +156,11 @@ def select(target: str, pass_name: str, dtype: torch.dtype, block_d: int, seqlen
     if bucket(seqlen) == "short" and key in SHORT_TABLES.get(target, {}):
         return SHORT_TABLES[target][key]
     return TABLES[target][key]
+
+
+def separate_dq(target: str, dtype: torch.dtype, block_d: int) -> bool:
+    """Whether ``target``'s default (non-deterministic) backward computes dQ in its own pass."""
+    return (precision_of(dtype), block_d) in SEPARATE_DQ.get(target, frozenset())
 
 
 def record(call: str, entry: dict[str, Any]) -> None:

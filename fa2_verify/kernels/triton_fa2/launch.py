@@ -107,21 +107,17 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 # --------------------------------------------------------------------------- backward
 
 
-def _backward_passes(deterministic: bool) -> tuple[str, ...]:
-    return ("backward_kv", "backward_dq") if deterministic else ("backward_kv",)
-
-
-def backward_tensors(dout, q, k, v, out, lse, deterministic: bool) -> tuple[torch.Tensor, ...]:
+def backward_tensors(dout, q, k, v, out, lse, separate_dq: bool) -> tuple[torch.Tensor, ...]:
     """(dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv) as the backward kernels get them: inputs with
     a unit head_dim stride, a contiguous lse, new gradients, the delta rows and where dQ accumulates
-    (an fp32 buffer of atomic adds, or dq itself when deterministic)."""
+    (an fp32 buffer of atomic adds, or dq itself when a pass of its own computes it)."""
     q, k, v, dout, out = (_unit_last_stride(t) for t in (q, k, v, dout, out))
     lse = lse.contiguous()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     delta = torch.empty_like(lse)
-    dq_target = dq if deterministic else torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    dq_target = dq if separate_dq else torch.empty(q.shape, dtype=torch.float32, device=q.device)
     return dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv
 
 
@@ -133,22 +129,25 @@ def preprocess_rows() -> int:
 def _backward_call(problem: Problem, entry: str, dout, q, k, v, out, lse, deterministic, tiles):
     validation.check_backward_extras(problem, q, dout, out, lse)
     deterministic = bool(deterministic)
-    tensors = backward_tensors(dout, q, k, v, out, lse, deterministic)
+    passes = plans.backward_passes(problem, _target(problem), deterministic)
+    separate_dq = "backward_dq" in passes
+    tensors = backward_tensors(dout, q, k, v, out, lse, separate_dq)
     dq_target, dq, dk, dv = tensors[7:]
-    chosen = _tiles(problem, _backward_passes(deterministic), tiles)
+    chosen = _tiles(problem, passes, tiles)
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return dq, dk, dv
-    if not deterministic:
+    if not separate_dq:
         dq_target.zero_()
     ran = _run(plans.backward_launches(problem, *tensors, chosen, _tma_capable(problem), preprocess_rows()))
-    if not deterministic:
+    if not separate_dq:
         dq.copy_(dq_target)
     used = {"backward_kv": ran["backward_kv_kernel"]}
-    if deterministic:
+    if separate_dq:
         used["backward_dq"] = ran["backward_dq_kernel"]
-    _record(problem, entry, chosen, deterministic=deterministic, tma_used=used)
+    _record(problem, entry, chosen, deterministic=deterministic, dq_pass="separate" if separate_dq else "atomic",
+            tma_used=used)
     return dq, dk, dv
 
 
@@ -157,8 +156,9 @@ def backward(dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_siz
     """Dense backward: ``(dq, dk, dv)`` shaped and typed like q, k, v.
 
     ``deterministic=False`` accumulates dq across key tiles with fp32 atomic
-    adds (run-to-run rounding differences in dq); ``True`` computes dq in a
-    separate pass over query tiles, bitwise reproducible.
+    adds (run-to-run rounding differences in dq), except where the tile table
+    finds the separate pass faster (:func:`.configs.separate_dq`); ``True``
+    always computes dq in a separate pass over query tiles, bitwise reproducible.
     """
     problem = validation.check_forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
     return _backward_call(problem, "backward", dout, q, k, v, out, lse, deterministic, tiles)

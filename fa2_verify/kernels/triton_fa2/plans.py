@@ -132,6 +132,14 @@ def tiles(problem: Problem, passes: tuple[str, ...], target: str,
     return chosen
 
 
+def backward_passes(problem: Problem, target: str, deterministic: bool) -> tuple[str, ...]:
+    """The tiled passes of a backward call: the key-tile pass, and the query-tile dQ pass when the call
+    is ``deterministic`` or ``target`` computes dQ that way by default (:func:`.configs.separate_dq`)."""
+    if deterministic or configs.separate_dq(target, problem.torch_dtype, problem.block_d):
+        return ("backward_kv", "backward_dq")
+    return ("backward_kv",)
+
+
 def use_tma(tile: TileConfig, problem: Problem, tensors: tuple, tma_capable: bool) -> bool:
     """TMA when the tile asks for it and the hardware and layouts allow it: ``tma_capable``
     (a Hopper-or-later GPU, not the interpreter), 16-bit data, 16-byte aligned base pointers
@@ -236,17 +244,17 @@ def backward_launches(problem: Problem, dout, q, k, v, out, lse, delta, dq_targe
     """The launches of a backward call with at least one query row and one key, in order.
 
     ``dq_target`` is where the key-tile pass accumulates dQ: the fp32 buffer
-    of atomic adds, or ``dq`` itself when a deterministic pass
-    (``"backward_dq" in chosen``) computes it.
+    of atomic adds, or ``dq`` itself when the query-tile pass
+    (``"backward_dq" in chosen``, :func:`backward_passes`) computes it.
     """
-    deterministic = "backward_dq" in chosen
+    separate_dq = "backward_dq" in chosen
     kv_tile = chosen["backward_kv"]
     launches = [
         backward_preprocess(problem, out, dout, delta, rows),
         backward_kv(problem, q, k, v, dout, lse, delta, dq_target, dk, dv, kv_tile,
-                    use_tma(kv_tile, problem, (q, dout), tma_capable), atomic_dq=not deterministic),
+                    use_tma(kv_tile, problem, (q, dout), tma_capable), atomic_dq=not separate_dq),
     ]
-    if deterministic:
+    if separate_dq:
         dq_tile = chosen["backward_dq"]
         launches.append(backward_dq(problem, q, k, v, dout, lse, delta, dq, dq_tile,
                                     use_tma(dq_tile, problem, (q, dout, k, v), tma_capable)))

@@ -88,8 +88,8 @@ def launches(spec: CaseSpec, *, target: str = DEFAULT_TARGET, layout: str = "con
     chosen = plans.tiles(problem, ("forward",), target, None)
     planned = plans.forward_launches(problem, q, k, v, out, lse, chosen, tma_capable)
     if spec.backward:
-        passes = ("backward_kv", "backward_dq") if spec.deterministic else ("backward_kv",)
-        tensors = launch.backward_tensors(dout, q, k, v, out, lse, spec.deterministic)
+        passes = plans.backward_passes(problem, target, spec.deterministic)
+        tensors = launch.backward_tensors(dout, q, k, v, out, lse, separate_dq="backward_dq" in passes)
         planned += plans.backward_launches(problem, *tensors, plans.tiles(problem, passes, target, None),
                                            tma_capable, plans.PREPROCESS_ROWS)
     return planned
