@@ -7,6 +7,8 @@
 #           cold again with the durations the first two passes recorded (`cold-known`);
 #   triton-first  under CUDA MPS, one cold pass (empty Triton and pytest caches) ordered on the
 #           committed ci/durations.json (--fa2-durations): a fresh runner's first run;
+#   ab-cold  under CUDA MPS, cold passes of the package in $FA2_BENCH_BEFORE and of this tree,
+#           taking turns twice (before, after, before, after) on one host;
 #   flash   the same against torch-flash, one pass;
 #   flash-mps  the same under CUDA MPS;
 #   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
@@ -46,6 +48,14 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
         triton-first) nvidia-cuda-mps-control -d
              "${suite_time[@]}" --kernel triton --passes cold --time-limit 280 --out "$out/triton-first" \
                  -- --dist worksteal --fa2-durations "$PWD/ci/durations.json"
+             echo quit | nvidia-cuda-mps-control ;;
+        ab-cold) nvidia-cuda-mps-control -d
+             for turn in 1 2; do
+                 "${suite_time[@]}" --kernel triton --passes cold --time-limit 280 --package-root "$before" \
+                     --out "$out/ab-cold/before-$turn" -- --dist worksteal
+                 "${suite_time[@]}" --kernel triton --passes cold --time-limit 280 \
+                     --out "$out/ab-cold/after-$turn" -- --dist worksteal
+             done
              echo quit | nvidia-cuda-mps-control ;;
         flash) "${suite_time[@]}" --kernel torch-flash --passes cold --time-limit 150 --out "$out/flash" \
                     -- --dist worksteal ;;
