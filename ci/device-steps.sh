@@ -14,7 +14,7 @@
 #   flex    flex-attention alone (ci/device-targets.sh): the runs of $FA2_FLEX_RUNS (default
 #           `ci:0`) on $FA2_FLEX_WORKERS workers (default 16), each stopped after
 #           $FA2_FLEX_TIMEOUT seconds (default 400), GPU memory logged every 15 s;
-#   flexprobe  ci/probe_flex_compile.py: FlexAttention's compiles per shape handling;
+#   flexprobe  ci/probe_flex_compile.py: FlexAttention's compiles and GPU memory per mode ($FA2_FLEX_PROBE_MODES);
 #   fa4     flash-attn-4 alone, `ci` seed 0, installed by ci/install-fa4.sh into $FA2_FA4_SITE
 #           (default /root/site);
 #   bench   benchmarks/bench_before_after.py against the package in $FA2_BENCH_BEFORE
@@ -69,7 +69,8 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
                  FA2_TARGET_WORKERS="${FA2_FLEX_WORKERS:-16}" FA2_TARGET_TIMEOUT="${FA2_FLEX_TIMEOUT:-400}" \
                  OMP_NUM_THREADS=1 bash ci/device-targets.sh "$out/flex"
              kill "$monitor" ;;
-        flexprobe) python3 ci/probe_flex_compile.py --cases "${FA2_FLEX_PROBE_CASES:-16}" --out "$out/flexprobe" ;;
+        flexprobe) python3 ci/probe_flex_compile.py --cases "${FA2_FLEX_PROBE_CASES:-16}" \
+                       --modes "${FA2_FLEX_PROBE_MODES:-target,auto,auto-tensor}" --out "$out/flexprobe" ;;
         fa4) PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH" FA2_TARGETS=flash-attn-4 \
                     FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 FA2_TARGET_TIMEOUT=400 OMP_NUM_THREADS=1 \
                     bash ci/device-targets.sh "$out/fa4" ;;

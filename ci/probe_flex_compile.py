@@ -12,13 +12,18 @@ Inductor and Triton caches:
 * ``auto``: PyTorch's default shape handling (automatic dynamic shapes), the
   offsets still ints;
 * ``auto-tensor``: the default shape handling with the offsets captured as 0-d
-  tensors (which Dynamo lifts into graph inputs instead of baking them in).
+  tensors (which Dynamo lifts into graph inputs instead of baking them in);
+* ``target-reset``: the target, with Dynamo's compiled code dropped
+  (``torch._dynamo.reset()``) and PyTorch's cached blocks freed after every case.
 
-It prints one Markdown row per mode: cases run, cases that raised, Dynamo's
-graph count, the seconds of the whole list and of its slowest case, and the
-largest difference of ``out`` from the ``reference`` kernel run in float64,
-which tells a compiled kernel that computes attention from one that does not
-(the property suite judges the numbers).  Needs CUDA.
+``--modes`` picks some of them (default: the first three).  It prints one
+Markdown row per mode: cases run, cases that raised, Dynamo's graph count,
+the seconds of the whole list and of its slowest case, the GPU memory the
+process held (``nvidia-smi``) after the first and the last case and what
+PyTorch's allocator had reserved at the end, and the largest difference of
+``out`` from the ``reference`` kernel run in float64, which tells a compiled
+kernel that computes attention from one that does not (the property suite
+judges the numbers).  Needs CUDA.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import sys
 import tempfile
 import time
 
-MODES = ("target", "auto", "auto-tensor")
+MODES = ("target", "auto", "auto-tensor", "target-reset")
 
 
 def cases(count: int) -> list[dict]:
@@ -86,7 +91,7 @@ def run_mode(mode: str, count: int) -> dict:
         compiled = torch.compile(eager, fullgraph=True)
         target._compiled = lambda: compiled
     kernel = target.KERNEL
-    errors, slowest, worst = [], 0.0, 0.0
+    errors, slowest, worst, held = [], 0.0, 0.0, []
     start = time.perf_counter()
     for index, case in enumerate(cases(count)):
         gen = torch.Generator(device="cuda").manual_seed(index)
@@ -106,6 +111,10 @@ def run_mode(mode: str, count: int) -> dict:
             continue
         finally:
             slowest = max(slowest, time.perf_counter() - began)
+            if mode == "target-reset":
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
+            held.append(_held_mib())
         worst = max(worst, _difference(q, k, v, out, case, masking["softmax_scale"]))
     counters = torch._dynamo.utils.counters["stats"]
     return {
@@ -115,8 +124,18 @@ def run_mode(mode: str, count: int) -> dict:
         "graphs": counters.get("unique_graphs", 0),
         "seconds": time.perf_counter() - start,
         "slowest": slowest,
+        "held_mib": held,
+        "reserved_mib": torch.cuda.memory_reserved() / 2**20,
         "max_out_difference": worst,
     }
+
+
+def _held_mib() -> float:
+    """GPU memory this process holds, as ``nvidia-smi`` sees it (the CUDA context and loaded modules too)."""
+    listing = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, check=True).stdout
+    rows = (line.split(",") for line in listing.splitlines() if line.strip())
+    return next((float(used) for pid, used in rows if int(pid) == os.getpid()), float("nan"))
 
 
 def _difference(q, k, v, out, case, scale) -> float:
@@ -131,24 +150,31 @@ def _difference(q, k, v, out, case, scale) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", type=int, default=24)
+    parser.add_argument("--modes", default=",".join(MODES[:3]), help=f"comma-separated, from {','.join(MODES)}")
     parser.add_argument("--out", default=None, help="directory for one JSON file per mode")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one is not None:
         print(json.dumps(run_mode(args.one, args.cases)))
         return 0
+    modes = [mode for mode in args.modes.split(",") if mode]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        print(f"probe_flex_compile.py: --modes names {unknown}: use some of {','.join(MODES)}", file=sys.stderr)
+        return 2
     children = {}
-    for mode in MODES:
+    for mode in modes:
         cache = tempfile.mkdtemp(prefix=f"flex-{mode}-")
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
         command = [sys.executable, __file__, "--one", mode, "--cases", str(args.cases)]
         children[mode] = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    print("| mode | cases | raised | graphs | seconds | slowest case s | max out difference |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| mode | cases | raised | graphs | seconds | slowest case s | held MiB, first case -> last | "
+          "reserved MiB | max out difference |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for mode, child in children.items():
         stdout, stderr = child.communicate()
         if child.returncode != 0:
-            print(f"| {mode} | exit {child.returncode}: {stderr.strip().splitlines()[-1:] } | | | | | |")
+            print(f"| {mode} | exit {child.returncode}: {stderr.strip().splitlines()[-1:]} | | | | | | | |")
             continue
         result = json.loads(stdout.strip().splitlines()[-1])
         if args.out:
@@ -157,7 +183,8 @@ def main() -> int:
                 json.dump(result, handle, indent=1)
         print(
             f"| {mode} | {result['cases']} | {len(result['errors'])} | {result['graphs']} | {result['seconds']:.1f} "
-            f"| {result['slowest']:.1f} | {result['max_out_difference']:.2e} |"
+            f"| {result['slowest']:.1f} | {result['held_mib'][0]:.0f} -> {result['held_mib'][-1]:.0f} "
+            f"| {result['reserved_mib']:.0f} | {result['max_out_difference']:.2e} |"
         )
         for error in result["errors"]:
             print(f"    {mode}: {error}")
