@@ -19,11 +19,13 @@ import pytest
 import torch
 
 from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.cli.main import main
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
-from tests import crashing
+from fa2_verify.verify.results import CaseResult
+from tests import breakers, crashing
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -67,6 +69,11 @@ class CtrlC(Restricted):
 
 
 CTRL_C = CtrlC(FLOAT32_ONLY.capabilities)
+#: The reference run sequence by sequence through the varlen entry points: a correct varlen kernel.
+VARLEN_BY_LOOP = breakers.VarlenByLoop()
+#: The fixed set's cases with one sequence each; the reference has no varlen entry points.
+DENSE = [spec for spec in FIXED_CASES if not isinstance(spec, VarlenSpec)]
+(PACKED,) = [spec for spec in FIXED_CASES if isinstance(spec, VarlenSpec)]
 
 
 def _cli(*argv: str) -> tuple[int, str, str]:
@@ -94,7 +101,8 @@ def reference_run(tmp_path_factory):
 def test_reference_passes_on_cpu(reference_run):
     code, stdout, stderr, _ = reference_run
     assert code == 0, stdout + stderr
-    assert f"reference on cpu: {len(FIXED_CASES)} passed, 0 failed, 0 errors, 0 unsupported" in stdout
+    assert f"reference on cpu: {len(DENSE)} passed, 0 failed, 0 errors, 1 unsupported" in stdout
+    assert f"{PACKED.name}" in stdout and "varlen" in stdout
     header = stdout.splitlines()[0].split()
     assert header[:6] == ["case", "output", "dtype", "p50", "p99", "max"]
     for dtype in ("float16", "bfloat16", "float32"):
@@ -111,8 +119,9 @@ def test_tolerance_json_schema(reference_run):
     assert record["config"] == load_kernel("reference").config()
     assert record["environment"]["kernel_config"] == record["config"]
     assert record["thresholds"] == {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
-    assert record["summary"] == {"passed": len(FIXED_CASES), "failed": 0, "unsupported": 0, "error": 0}
-    for case in record["cases"]:
+    assert record["summary"] == {"passed": len(DENSE), "failed": 0, "unsupported": 1, "error": 0}
+    assert record["cases"][-1]["spec"]["seqlens"] == [list(pair) for pair in PACKED.seqlens]
+    for case in record["cases"][:-1]:
         assert case["status"] == "passed"
         assert set(case["comparisons"]) == {"out", "lse", "dq", "dk", "dv"}
         normalized = case["comparisons"]["out"]["normalized"]
@@ -285,6 +294,33 @@ def test_a_malformed_command_line_is_one_line_exit_2(capsys, argv, message):
 def test_bad_device_is_one_line_exit_2():
     code, _, stderr = _cli("run", "--kernel", "reference", "--device", "gpu0")
     assert code == 2 and stderr.count("\n") == 1 and "--device='gpu0' is not a device" in stderr
+
+
+def test_the_packed_case_checks_every_sequence_through_the_varlen_entry_points(tmp_path):
+    """A varlen kernel gets one result per sequence (empty ones included), each named after the batch."""
+    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:VARLEN_BY_LOOP", "--case", PACKED.name,
+                                "--report", str(tmp_path))  # fmt: skip
+    assert code == 0, stdout + stderr
+    assert f"0 failed, 0 errors, 0 unsupported (of {len(PACKED.seqlens)} cases)" in stdout
+    record = json.loads((tmp_path / "tolerance.json").read_text())
+    assert [case["spec"]["name"] for case in record["cases"]] == [f"{PACKED.name}/{i}" for i in range(len(PACKED.seqlens))]
+    assert all(case["packed"] == PACKED.to_dict() for case in record["cases"])
+    assert CaseResult.from_dict(record["cases"][0]).packed == PACKED
+
+
+def test_a_varlen_bug_fails_the_packed_case_and_its_reproduction_reruns_the_batch():
+    """Keys leaking from the next packed sequence fail the packed case; the reproduction line names the whole
+    batch (with its seqlens), and ``repro`` runs it through the varlen entry points again."""
+    code, stdout, _ = _cli("run", "--kernel", "tests.breakers:VARLEN_OVERRUN", "--case", PACKED.name)
+    assert code == 1 and f"{PACKED.name}/0" in stdout
+    assert "a sequence of a packed batch, checked through the varlen entry points" in stdout
+    reproduction = next(line for line in stdout.splitlines() if "reproduce:" in line)
+    spec = reproduction.split("--case '")[1].rstrip("'")
+    assert json.loads(spec) == PACKED.to_dict()
+    code, stdout, _ = _cli("repro", "--kernel", "tests.breakers:VARLEN_OVERRUN", "--case", spec)
+    assert code == 1 and f"{PACKED.name}/0:" in stdout and "mismatches the golden" in stdout
+    code, stdout, _ = _cli("repro", "--kernel", "tests.test_cli_run:VARLEN_BY_LOOP", "--case", spec)
+    assert code == 0, stdout
 
 
 def test_repro_runs_one_case():

@@ -22,6 +22,7 @@ from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import NO_BACKWARD_REASON, NO_LSE_REASON, Capabilities
 from fa2_verify.core.errors import UsageError
+from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties import shapes
 from fa2_verify.properties.cases import case_specs
 from fa2_verify.properties.profiles import get as get_profile
@@ -315,3 +316,16 @@ def test_run_fits_the_fixed_cases_to_a_kernel_needing_multiples_of_16(tmp_path):
     assert ran and all(case["spec"]["seqlen_q"] % 16 == 0 == case["spec"]["seqlen_k"] % 16 for case in ran)
     assert {case["spec"]["name"] for case in ran} >= {"fp16-causal", "fp32-causal", "fp16-none-gqa"}
     assert report["summary"]["error"] == 0 and any(group["output"] == "lse" for group in report["groups"])
+
+
+def test_fit_case_fits_each_sequence_of_a_packed_batch():
+    """A packed batch keeps its sequences and features; each sequence's lengths are fitted as a case's are."""
+    (packed,) = [spec for spec in FIXED_CASES if isinstance(spec, VarlenSpec)]
+    capabilities = Capabilities.from_mapping({**CPU_FLOAT32, "seqlen_multiple_of": 16, "varlen": True})
+    fitted = fit_case(packed, capabilities, "cpu")
+    assert isinstance(fitted, VarlenSpec) and len(fitted.seqlens) == len(packed.seqlens)
+    assert all(seqlen % 16 == 0 for pair in fitted.seqlens for seqlen in pair)
+    assert (fitted.seqlen_q, fitted.seqlen_k) == (max(q for q, _ in fitted.seqlens), max(k for _, k in fitted.seqlens))
+    assert (fitted.causal, fitted.heads_q, fitted.heads_kv, fitted.name) == (True, 4, 2, packed.name)
+    assert dataclasses.replace(fitted, dtype="float32").unsupported_reason(capabilities, "cpu") is None
+    assert fit_case(packed, Capabilities.from_mapping({**CPU_FLOAT32, "varlen": True}), "cpu").seqlens == packed.seqlens

@@ -81,6 +81,14 @@ class VarlenSpec(CaseSpec):
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+def spec_from_dict(record: Any) -> CaseSpec:
+    """The case in a parsed JSON object: a :class:`VarlenSpec` when it has ``seqlens``, else a
+    :class:`~core.case.CaseSpec`; every problem is a one-line :class:`UsageError`."""
+    if isinstance(record, dict) and "seqlens" in record:
+        return VarlenSpec.from_dict(record)
+    return CaseSpec.from_dict(record)
+
+
 @dataclasses.dataclass(frozen=True)
 class Packed:
     """The packed tensors of a :class:`VarlenSpec` and the per-sequence cases they came from."""

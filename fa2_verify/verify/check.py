@@ -31,6 +31,7 @@ recorded as a kernel failure.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable, Iterable
 
@@ -40,7 +41,7 @@ from fa2_verify import golden as golden_module
 from fa2_verify.verify import error_model, lowprec, memory, metrics
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import UnsupportedCase
-from fa2_verify.core.varlen import Packed
+from fa2_verify.core.varlen import Packed, VarlenSpec, pack
 from fa2_verify.verify.kernel_call import KernelFailure, run_case, run_varlen
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.results import CaseResult, RunResult, environment
@@ -161,8 +162,23 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
         rows_q, rows_k = packed.rows(index)
         packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
         sequence = {name: tensor[packed_rows[name]].unsqueeze(0) for name, tensor in actual.items()}
-        results.append(_compared(kernel, case, sequence, golden_options, dict(seconds)))
+        results.append(dataclasses.replace(_compared(kernel, case, sequence, golden_options, dict(seconds)),
+                                           packed=packed.spec))
     return results
+
+
+def check_spec(kernel: LoadedKernel, spec: CaseSpec, device: str, *, golden_options: Any = None) -> list[CaseResult]:
+    """The results of one case spec: one for a case, and for a packed batch (:class:`core.varlen.VarlenSpec`)
+    one per sequence (named ``<batch name>/<index>``), or one for the whole batch when it did not run (it is
+    unsupported, or the kernel raised: every sequence would carry the same reason)."""
+    if not isinstance(spec, VarlenSpec):
+        return [check_case(kernel, make_case(spec, device), golden_options=golden_options)]
+    results = check_varlen(kernel, pack(spec, device), golden_options=golden_options)
+    if results and results[0].status in ("unsupported", "error") and results[0].packed is None:
+        return [dataclasses.replace(results[0], spec=spec)]
+    label = spec.name or spec.feature()
+    return [dataclasses.replace(result, spec=dataclasses.replace(result.spec, name=f"{label}/{index}"))
+            for index, result in enumerate(results)]
 
 
 def run_cases(
@@ -173,7 +189,7 @@ def run_cases(
     golden_options: Any = None,
     starting: Callable[[int, CaseSpec], None] | None = None,
 ) -> RunResult:
-    """:func:`check_case` over ``specs`` on ``device``, with the run's config, environment and thresholds.
+    """:func:`check_spec` over ``specs`` on ``device``, with the run's config, environment and thresholds.
 
     Every spec is first checked to fit in memory (:func:`verify.memory.require_fits`),
     so a case too large is refused before any case runs.  ``starting(index, spec)``,
@@ -187,7 +203,7 @@ def run_cases(
     for index, spec in enumerate(specs):
         if starting is not None:
             starting(index, spec)
-        cases.append(check_case(kernel, make_case(spec, device), golden_options=golden_options))
+        cases.extend(check_spec(kernel, spec, device, golden_options=golden_options))
     return RunResult(
         kernel=kernel.name,
         device=device,

@@ -11,8 +11,13 @@ with paths of their own: a decoding query (``seqlen_q = 1``, GQA) and a short
 query block, each against 257 keys (rows spanning three tiles of 128: the
 split-KV combine, the running max and rescaling across tiles) under a window
 bounded on the left only, with an explicit ``softmax_scale`` and the
-deterministic backward.  Inputs come from the ``normal`` and ``uniform``
-generators with fixed seeds, so every run sees the same numbers.
+deterministic backward.  One case is a packed batch (:class:`core.varlen.VarlenSpec`)
+through the varlen entry points: five causal GQA sequences of different lengths,
+one with no query, one with no key, one whose first rows see no key, so
+``cu_seqlens`` offsets, per-sequence bottom-right alignment and empty
+sequences are exercised; a kernel without varlen entry points reports it
+unsupported.  Inputs come from the ``normal`` and ``uniform`` generators with
+fixed seeds, so every run sees the same numbers.
 
 A kernel with shape constraints (``seqlen_multiple_of``, ``equal_seqlens``,
 ``min_seqlen``/``max_seqlen``, a short list of head dims) gets each case with
@@ -26,6 +31,7 @@ import dataclasses
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.varlen import VarlenSpec
 
 
 def _case(name: str, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
@@ -53,6 +59,8 @@ FIXED_CASES: tuple[CaseSpec, ...] = (
           softmax_scale=0.3, deterministic=True),
     _case("fp16-left-window-sk257", "float16", 1, 20, 257, 2, 2, 32, seed=12, window_size=(200, -1),
           softmax_scale=0.3, deterministic=True),
+    VarlenSpec.packing(((17, 40), (0, 9), (33, 17), (6, 0), (1, 33)), heads_q=4, heads_kv=2, head_dim=40,
+                       dtype="float16", causal=True, seed=13, backward=True, name="fp16-varlen-causal-gqa"),
 )
 
 
@@ -71,8 +79,9 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
     and scale the case exists for still get verified.  Each
     length is rounded up to its own side's multiple
     (:meth:`Capabilities.fit_seqlen`); with ``equal_seqlens`` both become the
-    longer side, rounded to both multiples; None if no length fits.  A case
-    that already fits is returned unchanged.
+    longer side, rounded to both multiples; None if no length fits.  A
+    packed batch has each sequence's lengths fitted so.  A case that already
+    fits is returned unchanged.
     """
     head_dim = fit_head_dim(spec.head_dim, capabilities.head_dims_on(device))
     if head_dim != spec.head_dim:
@@ -81,15 +90,36 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
         spec = dataclasses.replace(spec, backward=False, deterministic=False)
     if spec.deterministic and not capabilities.deterministic_backward:
         spec = dataclasses.replace(spec, deterministic=False)
-    if capabilities.seqlen_unsupported_reason(spec.seqlen_q, spec.seqlen_k) is None:
+    if isinstance(spec, VarlenSpec):
+        seqlens = tuple(_fit_seqlens(pair, capabilities) for pair in spec.seqlens)
+        if None in seqlens:
+            return None
+        if seqlens == spec.seqlens:
+            return spec
+        shared = {field.name: getattr(spec, field.name) for field in dataclasses.fields(CaseSpec)}
+        for derived in ("batch", "seqlen_q", "seqlen_k"):
+            del shared[derived]
+        return VarlenSpec.packing(seqlens, **shared)
+    fitted = _fit_seqlens((spec.seqlen_q, spec.seqlen_k), capabilities)
+    if fitted is None:
+        return None
+    if fitted == (spec.seqlen_q, spec.seqlen_k):
         return spec
+    return dataclasses.replace(spec, seqlen_q=fitted[0], seqlen_k=fitted[1])
+
+
+def _fit_seqlens(seqlens: tuple[int, int], capabilities: Capabilities) -> tuple[int, int] | None:
+    """(seqlen_q, seqlen_k) as :func:`fit_case` fits them (one sequence of a packed batch alike); None if none fits."""
+    seqlen_q, seqlen_k = seqlens
+    if capabilities.seqlen_unsupported_reason(seqlen_q, seqlen_k) is None:
+        return seqlens
     if capabilities.equal_seqlens:
-        seqlen_q = seqlen_k = capabilities.fit_seqlen(max(spec.seqlen_q, spec.seqlen_k))
+        seqlen_q = seqlen_k = capabilities.fit_seqlen(max(seqlen_q, seqlen_k))
     else:
-        seqlen_q, seqlen_k = capabilities.fit_seqlen(spec.seqlen_q, "q"), capabilities.fit_seqlen(spec.seqlen_k, "k")
+        seqlen_q, seqlen_k = capabilities.fit_seqlen(seqlen_q, "q"), capabilities.fit_seqlen(seqlen_k, "k")
     if seqlen_q is None or seqlen_k is None:
         return None
-    return dataclasses.replace(spec, seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    return seqlen_q, seqlen_k
 
 
 def fitted_cases(capabilities: Capabilities, cases: tuple[CaseSpec, ...], device: str) -> tuple[CaseSpec, ...]:

@@ -558,5 +558,7 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
             + " (docs/error-model.md)"
         )
     lines.append(f"  case: {json.dumps(spec.to_dict(), sort_keys=True)}")
-    lines.append(f"  reproduce: {spec.reproduction(result.kernel, result.device)}")
+    if result.packed is not None:
+        lines.append("  a sequence of a packed batch, checked through the varlen entry points")
+    lines.append(f"  reproduce: {result.reproduction()}")
     return "\n".join(lines)

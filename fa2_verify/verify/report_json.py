@@ -134,7 +134,7 @@ def unsupported_summary(cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
     return [{"reason": reason, "cases": names} for reason, names in sorted(reasons.items())]
 
 
-def failure_records(kernel: str, cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
+def failure_records(cases: Iterable[CaseResult]) -> list[dict[str, Any]]:
     """Every failed or errored case with its message (:func:`describe_failure`) and reproduction line."""
     records = []
     for case in cases:
@@ -148,7 +148,7 @@ def failure_records(kernel: str, cases: Iterable[CaseResult]) -> list[dict[str, 
                 "status": case.status,
                 "outputs": outputs,
                 "message": message,
-                "reproduction": case.spec.reproduction(kernel, case.device),
+                "reproduction": case.reproduction(),
                 "spec": case.spec.to_dict(),
             }
         )
@@ -179,7 +179,7 @@ def build_tolerance_report(run: RunResult, *, environment: dict[str, Any]) -> di
         "verdict": verdict(run),
         "groups": [summarize_group(run.kernel, run.device, key, members) for key, members in groups.items()],
         "unsupported": unsupported_summary(run.cases),
-        "failures": failure_records(run.kernel, run.cases),
+        "failures": failure_records(run.cases),
         "cases": [case.to_dict() for case in run.cases],
     }
 

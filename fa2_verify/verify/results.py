@@ -20,6 +20,7 @@ import torch
 
 from fa2_verify import __version__
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.varlen import spec_from_dict
 from fa2_verify.verify.metrics import OutputComparison, decode_float, encode_float
 
 STATUSES = ("passed", "failed", "unsupported", "error")
@@ -38,6 +39,9 @@ class CaseResult:
     ``skipped_outputs`` names each output of the contract the kernel does not
     provide (e.g. ``{"lse": "kernel provides no LSE"}``): listed as
     unsupported in the reports, never compared nor counted as passed.
+    ``packed`` is the packed batch (:class:`core.varlen.VarlenSpec`) a sequence
+    was checked in, through the varlen entry points: what reproduces it
+    (:meth:`reproduction`), since the sequence alone would take the padded path.
     """
 
     spec: CaseSpec
@@ -49,10 +53,15 @@ class CaseResult:
     golden: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     skipped_outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    packed: CaseSpec | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status={self.status!r} is not one of {STATUSES}")
+
+    def reproduction(self) -> str:
+        """The one line that re-runs this case: its packed batch's when it was checked in one."""
+        return (self.packed or self.spec).reproduction(self.kernel, self.device)
 
     @property
     def passed(self) -> bool:
@@ -67,8 +76,10 @@ class CaseResult:
         return [name for name, comparison in self.comparisons.items() if not comparison.passed]
 
     def to_dict(self) -> dict[str, Any]:
+        packed = {} if self.packed is None else {"packed": self.packed.to_dict()}
         return {
             "spec": self.spec.to_dict(),
+            **packed,
             "kernel": self.kernel,
             "device": self.device,
             "status": self.status,
@@ -88,7 +99,7 @@ class CaseResult:
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> "CaseResult":
         return cls(
-            spec=CaseSpec.from_dict(record["spec"]),
+            spec=spec_from_dict(record["spec"]),
             kernel=record["kernel"],
             device=record["device"],
             status=record["status"],
@@ -96,6 +107,7 @@ class CaseResult:
             reason=record.get("reason"),
             golden=_decode_golden(record.get("golden", {})),
             skipped_outputs=dict(record.get("skipped_outputs", {})),
+            packed=spec_from_dict(record["packed"]) if "packed" in record else None,
         )
 
 

@@ -1,8 +1,10 @@
 """``fa2-verify repro``: run exactly one case and show its comparison in full.
 
 ``--case`` takes the JSON spec that every failure message prints in its
-reproduction line (:meth:`core.case.CaseSpec.reproduction`).  Prints the
-case's table row(s), every metric's quantiles per output, and the failure
+reproduction line (:meth:`core.case.CaseSpec.reproduction`); a spec with
+``seqlens`` is a packed batch, run through the varlen entry points with each
+sequence compared (:func:`verify.check.check_spec`).  Prints the case's
+table row(s), every metric's quantiles per output, and the failure
 description of each failing output.  Exit status: 0 passed, 1 failed or the
 kernel raised, 2 (one line on stderr) for bad arguments, an unsupported case, or a
 case larger than the memory free (:func:`verify.memory.require_fits`, checked
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import json
 
-from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.verify.check import check_case
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.varlen import spec_from_dict
+from fa2_verify.verify.check import check_spec
 from fa2_verify.verify.memory import require_fits
 from fa2_verify.cli.commands.run import add_target_arguments, failure_descriptions, format_table, resolve_target
 from fa2_verify.core.errors import UnsupportedCase, UsageError
@@ -29,7 +32,8 @@ def add_parser(subparsers) -> None:
 
 
 def parse_case(text: str) -> CaseSpec:
-    """The :class:`CaseSpec` in ``text`` (JSON), or a one-line :class:`UsageError`."""
+    """The :class:`CaseSpec` (a packed batch's :class:`~core.varlen.VarlenSpec`) in ``text`` (JSON), or a
+    one-line :class:`UsageError`."""
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -37,7 +41,7 @@ def parse_case(text: str) -> CaseSpec:
             f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
         ) from None
     try:
-        return CaseSpec.from_dict(record)
+        return spec_from_dict(record)
     except UsageError as exc:
         raise UsageError(f"--case: {exc}") from None
 
@@ -67,15 +71,21 @@ def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device)
     spec = parse_case(args.case)
     require_fits(spec, args.device)
-    result = check_case(kernel, make_case(spec, args.device))
-    if result.status == "unsupported":
+    results = check_spec(kernel, spec, args.device)
+    unsupported = next((result for result in results if result.status == "unsupported"), None)
+    if unsupported is not None:
         raise UnsupportedCase(
-            f"--kernel={args.kernel} does not support this case on --device={args.device}: {result.reason}"
+            f"--kernel={args.kernel} does not support this case on --device={args.device}: {unsupported.reason}"
         )
-    print(format_table([result]))
-    print()
-    print("\n".join(_details(result)))
-    for description in failure_descriptions([result]):
+    print(format_table(results))
+    for result in results:
+        details = _details(result)
+        if details:
+            print()
+            if len(results) > 1:
+                print(f"{result.spec.name}:")
+            print("\n".join(details))
+    for description in failure_descriptions(results):
         print()
         print(description)
-    return 0 if result.passed else 1
+    return 0 if all(result.passed for result in results) else 1
