@@ -47,7 +47,7 @@ def _refused(message: str, spec: CaseSpec) -> bool:
 
 @pytest.mark.parametrize("spec", [LONG, WIDE], ids=["seqlen-1e7", "batch-1e8"])
 def test_repro_refuses_a_case_too_large_before_allocating_it(spec, capsys, monkeypatch):
-    monkeypatch.setattr(repro, "make_case", lambda *args: pytest.fail("repro allocated the case"))
+    monkeypatch.setattr(repro, "check_spec", lambda *args: pytest.fail("repro allocated the case"))
     assert cli.main(["repro", "--kernel", "reference", "--case", json.dumps(spec.to_dict())]) == 2
     error = capsys.readouterr().err
     assert error.startswith("fa2-verify: error: ") and _refused(error, spec)
