@@ -3,10 +3,13 @@
 Candidate tiles (:data:`SWEEP_TILES`) of a pass at 16k tokens, causal and
 full; the best by geometric mean per (pass, head_dim, seqlen bucket)
 (:func:`best_tiles`), which ``--use-sweep`` benches with.  A backward point
-times the whole backward call: ``backward_kv`` tiles in both modes (with the
-atomic dq adds, and without them as the deterministic call runs the pass),
-``backward_dq`` tiles in the deterministic call, so the two modes' totals
-compare directly.
+times the whole backward call: ``backward_kv`` tiles in the default call and
+in the deterministic one, ``backward_dq`` tiles in the deterministic call, so
+the two modes' totals compare directly.  The default call adds dQ by atomics
+except where the table runs the dQ pass by default
+(:data:`.configs.SEPARATE_DQ`, head_dim 64 on Hopper since the sweep that
+chose it): there both modes time the same launches, and timing the atomics
+again means taking the entry out of that table first.
 """
 
 from __future__ import annotations

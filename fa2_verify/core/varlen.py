@@ -58,13 +58,21 @@ class VarlenSpec(CaseSpec):
             **shared,
         )
 
+    def _case_fields(self) -> dict[str, Any]:
+        """The fields of :class:`~core.case.CaseSpec`, as this batch holds them."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(CaseSpec)}
+
     def sequence(self, index: int) -> CaseSpec:
         """Sequence ``index`` as a batch-1 case (seed ``seed + index``)."""
         seqlen_q, seqlen_k = self.seqlens[index]
-        shared = {field.name: getattr(self, field.name) for field in dataclasses.fields(CaseSpec)}
-        return CaseSpec(
-            **{**shared, "batch": 1, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "seed": (self.seed + index) % 2**32}
-        )
+        return CaseSpec(**{**self._case_fields(), "batch": 1, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k,
+                           "seed": (self.seed + index) % 2**32})
+
+    def repacked(self, seqlens: tuple[tuple[int, int], ...]) -> "VarlenSpec":
+        """This batch with other sequence lengths, every other field kept."""
+        shared = {name: value for name, value in self._case_fields().items()
+                  if name not in ("batch", "seqlen_q", "seqlen_k")}
+        return VarlenSpec.packing(seqlens, **shared)
 
     def unsupported_reason(self, capabilities: Capabilities, device: str) -> str | None:
         """:meth:`CaseSpec.unsupported_reason`, and the varlen entry points themselves."""

@@ -178,11 +178,12 @@ def pytest_configure(config: pytest.Config) -> None:
     dtypes = tuple(name for name in dtypes_option.split(",") if name) if dtypes_option is not None else None
     device = DEFAULT_DEVICE if device_option is None else device_option
     bounds_check = config.getoption("fa2_bounds_check")
+    durations = config.getoption("fa2_durations")
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
                                       ("--fa2-bounds-check", bounds_check or None),
-                                      ("--fa2-durations", config.getoption("fa2_durations"))) if value is not None),
+                                      ("--fa2-durations", durations)) if value is not None),
             None,
         )
         if alone is not None:
@@ -203,11 +204,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
     cache = getattr(config, "cache", None)
-    if cache is None and config.getoption("fa2_durations") is not None:
+    if cache is None and durations is not None:
         raise pytest.UsageError("--fa2-durations needs pytest's cache: drop -p no:cacheprovider")
     if kernel_name is not None and cache is not None and not hasattr(config, "workerinput"):
         key = schedule.run_key(kernel_name, DEFAULT_DEVICE if device_option is None else device_option, profile_name)
-        known = _durations_option(config.getoption("fa2_durations"), key)
+        known = _durations_option(durations, key)
         config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED), known),
                                       _DURATION_LOG)
 

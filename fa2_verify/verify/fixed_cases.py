@@ -94,12 +94,7 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
         seqlens = tuple(_fit_seqlens(pair, capabilities) for pair in spec.seqlens)
         if None in seqlens:
             return None
-        if seqlens == spec.seqlens:
-            return spec
-        shared = {field.name: getattr(spec, field.name) for field in dataclasses.fields(CaseSpec)}
-        for derived in ("batch", "seqlen_q", "seqlen_k"):
-            del shared[derived]
-        return VarlenSpec.packing(seqlens, **shared)
+        return spec if seqlens == spec.seqlens else spec.repacked(seqlens)
     fitted = _fit_seqlens((spec.seqlen_q, spec.seqlen_k), capabilities)
     if fitted is None:
         return None
