@@ -2,7 +2,7 @@
 # FlexAttention's property runs split over one GPU's memory, meant to run detached
 # (setsid) and be collected by ci/device-collect.sh DIR: the `flex` step of
 # ci/device-steps.sh once per job of $FA2_FLEX_JOBS, all side by side, each job
-# "NAME:RUNS:WORKERS:SELECT-FILE" (RUNS as FA2_FLEX_RUNS with commas for spaces,
+# "NAME/RUNS/WORKERS/SELECT-FILE" (RUNS as FA2_FLEX_RUNS with commas for spaces,
 # e.g. "dev:1,dev:2"; SELECT-FILE a -k expression in a file, or "-" for every
 # property).  Each worker that has run FlexAttention's head_dim 128 kernels holds
 # about 11 GB of GPU memory (docs/targets.md), so the workers of all jobs together
@@ -21,7 +21,8 @@ for kernel in ${FA2_SPLIT_TARGETS:-}; do
 done
 pids=()
 for job in ${FA2_FLEX_JOBS:?FA2_FLEX_JOBS names the jobs}; do
-    IFS=: read -r name runs workers select <<<"$job"
+    IFS=/ read -r name runs workers select <<<"$job"
+    [[ -n "$select" && "$workers" =~ ^[0-9]+$ ]] || { echo "bad job $job" >>"$out/steps.txt"; continue; }
     selection=""
     [[ "$select" != - ]] && selection="$(cat "$select")"
     FA2_STEPS=flex FA2_TARGET_FIXED=0 FA2_FLEX_RUNS="${runs//,/ }" FA2_FLEX_WORKERS="$workers" \
