@@ -1,4 +1,5 @@
-"""A CUDA fault ends the example as it is (properties/verdicts.py, :class:`DeviceLost`).
+"""A CUDA fault or a full GPU ends the example as it is (properties/verdicts.py,
+:class:`DeviceLost`, :class:`DeviceOutOfMemory`).
 
 After an illegal address the CUDA context is lost: every later call raises,
 whatever the case.  The example that faulted is reported with its one-line
@@ -6,6 +7,11 @@ reproduction, neither replayed nor shrunk (each replay would fail for the lost
 context, and shrinking would end on a meaningless minimal case), and the
 examples after it end at once without being blamed.  The fault is simulated
 here: ``torch.cuda.synchronize`` raises as it does on a faulted GPU.
+
+A kernel call that finds the GPU full fails its example the same way, with the
+memory free: on a GPU shared by several workers a replay would fail or pass by
+chance.  The full GPU is simulated by the error text each layer raises and by
+``torch.cuda.mem_get_info``.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from hypothesis import strategies as st
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties import golden_checks, profiles, verdicts
-from fa2_verify.properties.declaration import DeviceLost
+from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, PropertyFailure
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify.registry import load_kernel
 
@@ -70,3 +76,53 @@ def test_examples_after_the_fault_end_without_blame(faulted: Suite) -> None:
 
 def test_a_working_or_cpu_device_is_not_faulted() -> None:
     assert verdicts.device_fault("cpu") is None
+
+
+OUT_OF_MEMORY = "status error: flex-attention.forward raised RuntimeError: CUDA driver error: out of memory"
+
+
+@pytest.fixture
+def full_gpu(monkeypatch) -> Suite:
+    """A working CUDA device with 1 GiB of 80 free, this process's allocator holding 0.5 GiB."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2**30, 80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 2**29)
+    return Suite(load_kernel("reference"), "cuda", profiles.get("ci"))
+
+
+def test_a_full_gpu_fails_the_example_once_unshrunk_naming_the_memory_free(full_gpu: Suite) -> None:
+    examples = []
+
+    @settings(database=None, max_examples=20)
+    @given(st.integers(0, 1000))
+    def search(value: int) -> None:
+        examples.append(value)
+        verdicts.failed_run(full_gpu, SPEC, "out", OUT_OF_MEMORY)
+
+    with pytest.raises(DeviceOutOfMemory) as raised:
+        search()
+    assert len(examples) == 1
+    message = str(raised.value)
+    assert "CUDA driver error: out of memory" in message and "\n" not in message
+    assert "now 1.0 of 80.0 GiB free, 0.5 GiB held by this process's allocator" in message
+    assert message.endswith(SPEC.reproduction("reference", "cuda"))
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "reference.forward raised OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "reference.backward raised AcceleratorError: CUDA error: out of memory",
+    ],
+)
+def test_every_layers_out_of_memory_error_is_recognized(full_gpu: Suite, error: str) -> None:
+    with pytest.raises(DeviceOutOfMemory):
+        verdicts.failed_run(full_gpu, SPEC, "dq", error)
+
+
+def test_other_kernel_errors_and_the_cpu_still_fail_as_the_kernels(full_gpu: Suite) -> None:
+    with pytest.raises(PropertyFailure, match="illegal instruction"):
+        verdicts.failed_run(full_gpu, SPEC, "out", "reference.forward raised RuntimeError: illegal instruction")
+    on_cpu = Suite(load_kernel("reference"), "cpu", profiles.get("ci"))
+    with pytest.raises(PropertyFailure, match="out of memory"):
+        verdicts.failed_run(on_cpu, SPEC, "out", "reference.forward raised RuntimeError: out of memory")

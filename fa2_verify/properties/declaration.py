@@ -42,6 +42,14 @@ class DeviceLost(BaseException):
     would end on a meaningless minimal case); pytest reports it as the test's failure, with the case."""
 
 
+class DeviceOutOfMemory(BaseException):
+    """The GPU had no memory left for the example.  On a GPU that several test processes share, that
+    measures how full the GPU was, not how the kernel treats the case: a replay under the same pressure
+    fails or passes by chance (Hypothesis's ``FlakyFailure``), and shrinking would end on whichever case
+    last met a full GPU.  A ``BaseException``, as :class:`DeviceLost` is, so the example is reported as
+    it is, failing, with the case and the memory free, neither replayed nor shrunk."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Property:
     """One declared property: ``name``, ``invariant`` (an equation), ``check(suite, data)``, ``requires``, ``breaker``."""

@@ -21,7 +21,7 @@ import torch
 from hypothesis import note, reject, target
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.declaration import DeviceLost, PropertyFailure
+from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, PropertyFailure
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
@@ -88,21 +88,44 @@ def require_working_device(suite: Suite) -> None:
         )
 
 
+def out_of_memory(error: str) -> bool:
+    """Whether ``error`` (an exception's text) is a GPU's out-of-memory error, whichever layer raised it:
+    PyTorch's caching allocator ("CUDA out of memory. Tried to allocate ..."), the CUDA runtime ("CUDA
+    error: out of memory") or a launch through the driver API, as Triton and Inductor launch ("CUDA
+    driver error: out of memory", when the driver cannot reserve a kernel's local memory)."""
+    return "out of memory" in error
+
+
+def ran_out_of_memory(suite: Suite, error: str, ran: str) -> NoReturn:
+    """:class:`DeviceOutOfMemory` for the example that met ``error`` on a full GPU; ``ran`` names the case."""
+    free, total = torch.cuda.mem_get_info(suite.device)
+    held = torch.cuda.memory_reserved(suite.device)
+    raise DeviceOutOfMemory(
+        f"{suite.kernel.name} on {suite.device}: the GPU ran out of memory in this case ({error.splitlines()[0]}; "
+        f"now {free / 2**30:.1f} of {total / 2**30:.1f} GiB free, {held / 2**30:.1f} GiB held by this process's "
+        "allocator); on a GPU shared by several processes this is the run's, not a verdict on the case, so it is "
+        f"not shrunk; run it again with the GPU to itself: {ran}"
+    )
+
+
 def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str | None = None) -> NoReturn:
     """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
-    ended the CUDA context, so that the case is reported as it is rather than replayed and shrunk.
+    ended the CUDA context, :class:`DeviceOutOfMemory` when it found the GPU full (:func:`out_of_memory`),
+    so that the case is reported as it is rather than replayed and shrunk.
 
     ``case`` names what ran (default: ``spec``'s one-line reproduction; a varlen check passes its batch).
     """
     suite.observe(label, math.inf, spec)
+    ran = case if case is not None else spec.reproduction(suite.kernel.name, suite.device)
     fault = device_fault(suite.device)
     if fault is not None:
-        ran = case if case is not None else spec.reproduction(suite.kernel.name, suite.device)
         raise DeviceLost(
             f"{suite.kernel.name} on {suite.device}: the CUDA context faulted in this case ({fault}), so nothing "
             "after it in this process can run; the case is not shrunk (under CUDA MPS the fault may come from "
             f"another process sharing the GPU); run it again in a new process: {ran}"
         )
+    if torch.device(suite.device).type == "cuda" and out_of_memory(reason):
+        ran_out_of_memory(suite, reason, ran)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
     raise PropertyFailure(describe_failure(result))
 
