@@ -5,8 +5,8 @@
 # "NAME/RUNS/WORKERS/SELECT-FILE" (RUNS as FA2_FLEX_RUNS with commas for spaces,
 # e.g. "dev:1,dev:2"; SELECT-FILE a -k expression in a file, or "-" for every
 # property).  Each worker that has run FlexAttention's head_dim 128 kernels holds
-# about 11 GB of GPU memory (docs/targets.md), so the workers of all jobs together
-# are sized to the GPU: 6 on an H100, 12 on an H200.  $FA2_FLEX_TIMEOUT stops each
+# 11 to 12.5 GB of GPU memory (docs/targets.md), so the workers of all jobs together
+# are sized to the GPU: at most 6 on an H100, 10 on an H200 (11 and 12 filled one).  $FA2_FLEX_TIMEOUT stops each
 # run (default 1380 s); $FA2_SPLIT_TARGETS (default none) are run with `run` only,
 # before the jobs start.  Writes DIR/<job>/..., DIR/steps.txt and DIR/done.
 set -uo pipefail
