@@ -306,6 +306,9 @@ def test_the_packed_case_checks_every_sequence_through_the_varlen_entry_points(t
     assert [case["spec"]["name"] for case in record["cases"]] == [f"{PACKED.name}/{i}" for i in range(len(PACKED.seqlens))]
     assert all(case["packed"] == PACKED.to_dict() for case in record["cases"])
     assert CaseResult.from_dict(record["cases"][0]).packed == PACKED
+    timing = {line.split()[0]: line.split()[1:] for line in stdout.splitlines() if line.startswith(f"{PACKED.name}/")}
+    kernel_seconds = [row[0] for _, row in sorted(timing.items())]
+    assert kernel_seconds[0] != "-" and set(kernel_seconds[1:]) == {"-"}, "the batch's one call is timed once"
 
 
 def test_a_varlen_bug_fails_the_packed_case_and_its_reproduction_reruns_the_batch():

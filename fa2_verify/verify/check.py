@@ -148,7 +148,9 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     order.  An unsupported batch, or a kernel that raised or broke the contract,
     gives every sequence that status and reason (steps 1 to 3 of the module
     docstring); otherwise each sequence's rows of the packed outputs are
-    compared as :func:`check_case` compares a case (step 4).
+    compared as :func:`check_case` compares a case (step 4).  The kernel's
+    seconds (one call for the whole batch) are the first sequence's: summed
+    over the sequences, each phase counts once.
     """
     device, seconds = str(packed.q.device), {}
     actual, status, reason = _run_or_decline(kernel, packed.spec, device, lambda: run_varlen(kernel, packed), seconds)
@@ -162,8 +164,8 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
         rows_q, rows_k = packed.rows(index)
         packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
         sequence = {name: tensor[packed_rows[name]].unsqueeze(0) for name, tensor in actual.items()}
-        results.append(dataclasses.replace(_compared(kernel, case, sequence, golden_options, dict(seconds)),
-                                           packed=packed.spec))
+        phases = dict(seconds) if index == 0 else {}
+        results.append(dataclasses.replace(_compared(kernel, case, sequence, golden_options, phases), packed=packed.spec))
     return results
 
 

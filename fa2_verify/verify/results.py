@@ -33,7 +33,8 @@ class CaseResult:
     ``golden`` records how the golden was computed: its ``method`` and its
     ``certified_bound`` per output (see ``golden.GoldenResult``).
     ``seconds`` is the wall time of each phase that ran (``kernel``,
-    ``golden``, ``comparison``; :func:`verify.check.check_case`), printed by
+    ``golden``, ``comparison``; :func:`verify.check.check_case`; a packed
+    batch's one kernel call is on its first sequence only), printed by
     ``fa2-verify run`` and kept out of the reports, whose content depends on
     the case and the kernel only.
     ``skipped_outputs`` names each output of the contract the kernel does not
