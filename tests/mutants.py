@@ -96,6 +96,15 @@ class SkipSmallRescale(Mutant):
         return torch.where(m_new - m_old < 2.0**-12, torch.ones_like(factor), factor)
 
 
+class MaxFromZero(Mutant):
+    """Running max started at 0 instead of -inf (Algorithm 1, line 5), as a kernel that zero-fills its
+    statistics does: exact while a row's max is at least 0, but a row whose scores all lie far below 0 is
+    exponentiated against 0, so its weights underflow (below -87 in float32) and the row reads 0."""
+
+    def _initial_max(self) -> float:
+        return 0.0
+
+
 class StaleMax(Mutant):
     """Stale running max: a block's probabilities are exponentiated against the
     max from before this block's update (``P~ = exp(S - m_old)``, line 9) while
@@ -398,6 +407,7 @@ DK_CHUNK_OFFSET = DkChunkOffset()
 DQ_LOST_UPDATE = DqLostUpdate()
 DS_FLUSH_SUBNORMAL = DsFlushSubnormal()
 EMPTY_ROW_NAN = EmptyRowNan()
+MAX_FROM_ZERO = MaxFromZero()
 OUT_REWRITTEN_BY_BACKWARD = OutRewrittenByBackward()
 BACKWARD_EXITS = BackwardExits()
 DECODE_IGNORES_WINDOW = DecodeIgnoresWindow()

@@ -220,6 +220,10 @@ class TiledAttention:
         """The query blocks whose out, lse and dq rows are written."""
         return range(tiles.num_q)
 
+    def _initial_max(self) -> float:
+        """The running max before the first key block (Algorithm 1, line 5): -inf."""
+        return NEG_INF
+
     def _guard_max(self, m: torch.Tensor) -> torch.Tensor:
         """The reference point for exp: ``m``, or 0 where no key was visible yet."""
         return m.masked_fill(m == NEG_INF, 0.0)
@@ -287,7 +291,7 @@ class TiledAttention:
     def _forward_query_block(self, q_i, kh, vh, tiles: Tiles, i: int, softmax_scale: float, dtype: torch.dtype):
         """Lines 5-13 for one query block: returns (O_i in acc, L_i in acc)."""
         batch, heads, rows, head_dim = q_i.shape
-        m = torch.full((batch, heads, rows), NEG_INF, dtype=q_i.dtype, device=q_i.device)
+        m = torch.full((batch, heads, rows), self._initial_max(), dtype=q_i.dtype, device=q_i.device)
         l = torch.zeros_like(m)
         o = torch.zeros_like(q_i)
         for j in tiles.key_blocks(i):
