@@ -25,8 +25,9 @@ from fa2_verify.properties import cases, profiles
 from fa2_verify.verify.check import check_case
 
 
-def probe(kernel_name: str, generator: str, device: str, count: int) -> tuple[str, int]:
-    """The Markdown row of ``kernel_name`` on ``count`` cases of ``generator``, and its failures."""
+def probe(kernel_name: str, generator: str, device: str, count: int, dtypes: tuple[str, ...] | None) -> tuple[str, int]:
+    """The Markdown row of ``kernel_name`` on ``count`` cases of ``generator`` (in ``dtypes``, default every
+    dtype the kernel has there), and its failures."""
     kernel = resolve_target(kernel_name, device)
     limits = profiles.get("ci").limits(device)
     tally = {"passed": 0, "failed": 0, "error": 0, "unsupported": 0}
@@ -34,7 +35,7 @@ def probe(kernel_name: str, generator: str, device: str, count: int) -> tuple[st
     failures: list[str] = []
     backward = kernel.capabilities.backward
     strategy = cases.case_specs(capabilities=kernel.capabilities, device=device, limits=limits,
-                                generators=(generator,), backward=backward)  # fmt: skip
+                                generators=(generator,), dtypes=dtypes, backward=backward)  # fmt: skip
 
     @settings(max_examples=count, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))  # fmt: skip
@@ -61,13 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", required=True, help="comma-separated kernel names (bundled or module:attr)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cases", type=int, default=40, help="cases per kernel (default 40)")
+    parser.add_argument("--dtypes", help="comma-separated dtypes to draw (default: every dtype the kernel has)")
     args = parser.parse_args(argv)
     print(f"generator `{args.generator}`, {args.cases} cases per kernel on {args.device}\n")
     print("| kernel | cases | passed | failed | unsupported | worst normalized error |\n|---|---:|---:|---:|---:|---|")
     failed = 0
     for name in args.kernels.split(","):
         try:
-            row, failures = probe(name, args.generator, args.device, args.cases)
+            dtypes = tuple(args.dtypes.split(",")) if args.dtypes else None
+            row, failures = probe(name, args.generator, args.device, args.cases, dtypes)
         except Fa2VerifyError as exc:
             row, failures = f"| `{name}` | - | - | - | - | {exc} |", 0
         print(row, flush=True)

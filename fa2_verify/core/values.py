@@ -352,38 +352,45 @@ def dp_cancellation(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
 #: float32's (below -87.3 normal, -103.3 subnormal) lie inside the range.
 PLATEAU_LEVEL_BINADES: tuple[int, int] = (3, 8)
 
-#: Standard deviation of a ``score-plateau`` row's scores around its level: small against
-#: the level, large enough that the keys' weights differ.
+#: Standard deviation of the scores around their level in a ``score-plateau`` row with a spread:
+#: small against the level, large enough that the keys' weights differ.
 PLATEAU_SPREAD = 0.25
 
 
 @register("score-plateau")
 def score_plateau(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
-    """Every score of query row ``i`` lies near one negative level ``c_i = -2^x``, ``x`` uniform over
-    :data:`PLATEAU_LEVEL_BINADES`, spread by about :data:`PLATEAU_SPREAD`.
+    """Every score of query row ``i`` lies at or near one negative level ``c_i = -2^x``, ``x`` uniform
+    over :data:`PLATEAU_LEVEL_BINADES`.
 
-    Queries ``q_i = (c_i / scale) a`` plus noise orthogonal to ``a``, keys
-    ``k_j = a`` plus noise scaled to the spread, for a unit ``a`` per (batch,
-    kv head).  Softmax does not change when a whole row shifts, so each row's
-    weights are nearly uniform whatever its level, and ``L_i`` is about
-    ``c_i + ln(seqlen_k)``.  Only the reference point of the exponentials
-    must follow: FA2 Algorithm 1 starts the running max at -inf (line 5) and
-    exponentiates against it (line 9), and Algorithm 2 recomputes
-    ``P = exp(S - L)`` (line 11).  Bug class: a running max started at 0 or
-    at a finite floor, or clamped (``exp(S - max(m, 0))`` underflows to 0 for
-    a whole row once ``c_i`` is below -87 in float32 or -17 in float16, so
-    ``l = 0`` and the row is NaN or 0), and a backward that exponentiates
-    scores or their sum without the row's LSE as reference (cuDNN's float16
-    backward returns NaN gradients for rows at -16 and below,
-    docs/targets.md).  Other generators reach such rows rarely: the scores
-    of ``normal`` rows straddle 0, and ``rescale-storm``'s levels stop at 40.
+    Queries ``q_i = (c_i / scale) a`` plus noise orthogonal to ``a``, keys ``k_j = a`` plus noise
+    orthogonal to ``a``, per (batch, kv head).  Half of the (batch, kv head) pairs take a random unit
+    ``a`` and key noise giving each row a spread of about :data:`PLATEAU_SPREAD`; the other half take a
+    signed basis vector ``a`` (exact in every dtype) and no key noise, so that every score of a row is
+    the same number: an exact tie at a low level.  Softmax does not change when a whole row shifts, so
+    each row's weights stay nearly (or exactly) uniform whatever its level, and ``L_i`` is about
+    ``c_i + ln(seqlen_k)``; only the reference point of the exponentials must follow.  FA2 Algorithm 1
+    starts the running max at -inf (line 5) and exponentiates against it (line 9); Algorithm 2
+    recomputes ``P = exp(S - L)`` (line 11).  Bug class: a running max started at 0, at a finite
+    floor, or clamped (``exp(S - max(m, 0))`` underflows to 0 for a whole row once ``c_i`` is below
+    -87 in float32, so ``l = 0`` and the row is NaN or 0); a backward that exponentiates scores
+    without the row's LSE as reference; cuDNN's float16 backward, which returns NaN gradients for rows
+    whose scores are all one value at -16 or lower (docs/targets.md).  Other generators reach such
+    rows rarely: ``normal`` rows straddle 0, ``rescale-storm``'s levels stop at -40 and
+    ``exact-ties``' scores are small integers.
     """
-    a_q, a_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
-    row_shape = (spec.batch, spec.seqlen_q, spec.heads_q, 1)
-    level = -torch.exp2(_uniform(row_shape, rng, *PLATEAU_LEVEL_BINADES))
+    group = spec.heads_q // spec.heads_kv
+    pair_shape = (spec.batch, 1, spec.heads_kv, 1)
+    random_a = _directions(spec, rng)[1]
+    axis = torch.randint(spec.head_dim, pair_shape, generator=rng)
+    sign = torch.randint(2, pair_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    basis_a = sign * torch.nn.functional.one_hot(axis, spec.head_dim).to(_FLOAT64).squeeze(-2)
+    tied = torch.rand(pair_shape, generator=rng) < 0.5
+    a_kv = torch.where(tied, basis_a, random_a)
+    a_q = a_kv.repeat_interleave(group, dim=2)
+    level = -torch.exp2(_uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, *PLATEAU_LEVEL_BINADES))
     q = level / spec.scale * a_q + _orthogonal_noise(q_shape, a_q, rng)
-    k_noise = PLATEAU_SPREAD / (spec.scale * max(spec.head_dim, 1) ** 0.5)
+    k_noise = torch.where(tied, 0.0, PLATEAU_SPREAD / (spec.scale * max(spec.head_dim, 1) ** 0.5))
     k = a_kv + k_noise * _orthogonal_noise(k_shape, a_kv, rng)
     v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
     dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
