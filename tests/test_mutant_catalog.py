@@ -65,6 +65,8 @@ TRIGGERS = {
                                    dtype="float64", generator="rescale-storm", seed=0),
     "DS_FLUSH_SUBNORMAL": CaseSpec(batch=2, seqlen_q=3, seqlen_k=3, heads_q=1, heads_kv=1, head_dim=8,
                                    dtype="float16", generator="normal-x2^-8", seed=0),
+    "MAX_FROM_ZERO": CaseSpec(batch=1, seqlen_q=8, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=16,
+                              dtype="float32", generator="score-plateau", seed=0),
 }  # fmt: skip
 
 #: Mutants whose bug is bounded below DEVIATION by construction, with the smallest deviation
