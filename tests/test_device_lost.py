@@ -42,19 +42,25 @@ def faulted(monkeypatch) -> Suite:
     return Suite(load_kernel("reference"), "cuda", profiles.get("ci"))
 
 
-def test_the_faulting_example_is_reported_once_unshrunk(faulted: Suite) -> None:
+def _search_failing(suite: Suite, reason: str, expected: type[BaseException]) -> str:
+    """The message of ``expected``, raised by a Hypothesis search whose every example fails its kernel run
+    with ``reason``, once the search has run exactly one example (no replay, no shrinking)."""
     examples = []
 
     @settings(database=None, max_examples=20)
     @given(st.integers(0, 1000))
     def search(value: int) -> None:
         examples.append(value)
-        verdicts.failed_run(faulted, SPEC, "out", "reference.forward raised AcceleratorError")
+        verdicts.failed_run(suite, SPEC, "out", reason)
 
-    with pytest.raises(DeviceLost) as raised:
+    with pytest.raises(expected) as raised:
         search()
     assert len(examples) == 1
-    message = str(raised.value)
+    return str(raised.value)
+
+
+def test_the_faulting_example_is_reported_once_unshrunk(faulted: Suite) -> None:
+    message = _search_failing(faulted, "reference.forward raised AcceleratorError", DeviceLost)
     assert FAULT in message and "\n" not in message
     assert message.endswith(SPEC.reproduction("reference", "cuda"))
 
@@ -91,18 +97,7 @@ def full_gpu(monkeypatch) -> Suite:
 
 
 def test_a_full_gpu_fails_the_example_once_unshrunk_naming_the_memory_free(full_gpu: Suite) -> None:
-    examples = []
-
-    @settings(database=None, max_examples=20)
-    @given(st.integers(0, 1000))
-    def search(value: int) -> None:
-        examples.append(value)
-        verdicts.failed_run(full_gpu, SPEC, "out", OUT_OF_MEMORY)
-
-    with pytest.raises(DeviceOutOfMemory) as raised:
-        search()
-    assert len(examples) == 1
-    message = str(raised.value)
+    message = _search_failing(full_gpu, OUT_OF_MEMORY, DeviceOutOfMemory)
     assert "CUDA driver error: out of memory" in message and "\n" not in message
     assert "now 1.0 of 80.0 GiB free, 0.5 GiB held by this process's allocator" in message
     assert message.endswith(SPEC.reproduction("reference", "cuda"))
