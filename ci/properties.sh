@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run the property suite against $FA2_KERNEL, $FA2_WORKERS_PER_GPU pytest-xdist
-# workers per GPU (default 4; worker gwI runs on cuda:I mod GPUs: a worker spends
-# most of its time on the CPU, in the golden and in Triton's compiler), with
+# workers per GPU (default: the CPU cores per GPU, as the suite's timings in
+# docs/benchmarks.md ran, 16 workers on a 16-core one-GPU runner; worker gwI runs
+# on cuda:I mod GPUs: a worker spends most of its time on the CPU, in the golden and
+# in Triton's compiler; FlexAttention's workers need about 12 GB of GPU memory
+# each, docs/targets.md, so at most 6 per 80 GB GPU), with
 # `--dist worksteal` (an idle worker takes tests queued for a busy one: the
 # property tests differ in length by 10x, docs/benchmarks.md; the plugin orders
 # them on the durations it recorded in pytest's cache, .pytest_cache: keep it
@@ -26,7 +29,9 @@ cd "$(dirname "$0")/.."
 source ci/common.sh
 
 if [[ "$FA2_DEVICE" == cuda* ]]; then
-    workers=$(($(nvidia-smi -L | wc -l) * ${FA2_WORKERS_PER_GPU:-4}))
+    gpus=$(nvidia-smi -L | wc -l)
+    per_gpu=$(($(nproc) / gpus))
+    workers=$((gpus * ${FA2_WORKERS_PER_GPU:-$((per_gpu > 0 ? per_gpu : 1))}))
 else
     workers="${FA2_WORKERS:-2}"
 fi

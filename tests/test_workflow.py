@@ -81,7 +81,8 @@ def test_every_called_script_exists_is_executable_and_strict(job):
 
 def test_suite_uses_xdist_workers_on_every_gpu_and_keeps_the_example_database(job):
     properties = (CI / "properties.sh").read_text()
-    assert 'workers=$(($(nvidia-smi -L | wc -l) * ${FA2_WORKERS_PER_GPU:-4}))' in properties
+    assert "gpus=$(nvidia-smi -L | wc -l)" in properties and "per_gpu=$(($(nproc) / gpus))" in properties
+    assert 'workers=$((gpus * ${FA2_WORKERS_PER_GPU:-$((per_gpu > 0 ? per_gpu : 1))}))' in properties
     assert '-n "$workers"' in properties
     assert '--fa2-examples-dir "$FA2_OUT/examples"' in properties and "--alluredir" in properties
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact@")]
