@@ -390,7 +390,7 @@ def score_plateau(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     a_q = a_kv.repeat_interleave(group, dim=2)
     level = -torch.exp2(_uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, *PLATEAU_LEVEL_BINADES))
     q = level / spec.scale * a_q + _orthogonal_noise(q_shape, a_q, rng)
-    k_noise = torch.where(tied, 0.0, PLATEAU_SPREAD / (spec.scale * max(spec.head_dim, 1) ** 0.5))
+    k_noise = (~tied).to(_FLOAT64) * PLATEAU_SPREAD / (spec.scale * spec.head_dim**0.5)
     k = a_kv + k_noise * _orthogonal_noise(k_shape, a_kv, rng)
     v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
     dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)

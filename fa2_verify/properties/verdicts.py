@@ -96,7 +96,7 @@ def out_of_memory(error: str) -> bool:
     return "out of memory" in error
 
 
-def ran_out_of_memory(suite: Suite, error: str, ran: str) -> NoReturn:
+def _ran_out_of_memory(suite: Suite, error: str, ran: str) -> NoReturn:
     """:class:`DeviceOutOfMemory` for the example that met ``error`` on a full GPU; ``ran`` names the case."""
     free, total = torch.cuda.mem_get_info(suite.device)
     held = torch.cuda.memory_reserved(suite.device)
@@ -125,7 +125,7 @@ def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str 
             f"another process sharing the GPU); run it again in a new process: {ran}"
         )
     if torch.device(suite.device).type == "cuda" and out_of_memory(reason):
-        ran_out_of_memory(suite, reason, ran)
+        _ran_out_of_memory(suite, reason, ran)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
     raise PropertyFailure(describe_failure(result))
 
