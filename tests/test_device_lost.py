@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.varlen import VarlenSpec
-from fa2_verify.properties import golden_checks, profiles, verdicts
-from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, PropertyFailure
+from fa2_verify.properties import golden_checks, harness, profiles, verdicts
+from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, Property, PropertyFailure
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify.registry import load_kernel
 
@@ -121,3 +121,32 @@ def test_other_kernel_errors_and_the_cpu_still_fail_as_the_kernels(full_gpu: Sui
     on_cpu = Suite(load_kernel("reference"), "cpu", profiles.get("ci"))
     with pytest.raises(PropertyFailure, match="out of memory"):
         verdicts.failed_run(on_cpu, SPEC, "out", "reference.forward raised RuntimeError: out of memory")
+
+
+def test_the_harness_running_out_of_memory_ends_the_example_naming_its_case(full_gpu: Suite) -> None:
+    """An allocation of the harness's own (the golden, the poisoned outputs) that finds the GPU full."""
+    examples = []
+
+    def check(suite: Suite, data) -> None:
+        examples.append(data)
+        suite.running(SPEC)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    prop = Property(name="test_needs_memory", invariant="x", check=check, breaker="reference")
+    test = harness.build_test(prop, settings(database=None, max_examples=5), harness.Shard(None, 5, None))
+    with pytest.raises(DeviceOutOfMemory) as raised:
+        test(fa2_suite=full_gpu)
+    assert len(examples) == 1 and full_gpu.running_case == ""
+    message = str(raised.value)
+    assert "OutOfMemoryError outside the kernel's calls: CUDA out of memory" in message
+    assert message.endswith(SPEC.reproduction("reference", "cuda"))
+
+
+def test_other_harness_errors_are_left_to_hypothesis(full_gpu: Suite) -> None:
+    def check(suite: Suite, data) -> None:
+        raise RuntimeError("a bug of the harness")
+
+    prop = Property(name="test_harness_bug", invariant="x", check=check, breaker="reference")
+    test = harness.build_test(prop, settings(database=None, max_examples=5), harness.Shard(None, 5, None))
+    with pytest.raises(RuntimeError, match="a bug of the harness"):
+        test(fa2_suite=full_gpu)

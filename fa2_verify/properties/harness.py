@@ -30,7 +30,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
-from fa2_verify.properties import profiles
+from fa2_verify.properties import profiles, verdicts
 from fa2_verify.properties.declaration import Property, PropertyFailure
 from fa2_verify.properties.plugin import MARKER
 from fa2_verify.properties.session import Suite
@@ -95,7 +95,9 @@ def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callabl
     shard's dtype.
 
     Each example ends with :meth:`Suite.finished`, however it ends, so the
-    case it announced is withdrawn (:mod:`properties.inflight`).  The test
+    case it announced is withdrawn (:mod:`properties.inflight`); one whose own
+    work on the GPU found it full ends as :class:`~properties.declaration.DeviceOutOfMemory`
+    (:func:`verdicts.harness_out_of_memory`).  The test
     takes the declaration's name and docstring but not its signature
     (``__wrapped__`` is dropped): pytest and Hypothesis read the arguments
     through ``__wrapped__``, and the declaration's ``suite`` is not the
@@ -106,6 +108,9 @@ def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callabl
     def example(fa2_suite: Suite, data: st.DataObject) -> None:
         try:
             prop.check(fa2_suite, data)
+        except RuntimeError as error:  # torch.OutOfMemoryError and AcceleratorError are RuntimeErrors
+            verdicts.harness_out_of_memory(fa2_suite, error)
+            raise
         finally:
             fa2_suite.finished()
 

@@ -66,6 +66,8 @@ class Suite:
     inflight: InFlight | None = None
     test: str = ""
     dtype: str | None = None
+    #: The reproduction of the case the example runs now (:meth:`running`), "" between examples.
+    running_case: str = ""
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
     _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
     _results: list[CaseResult] = dataclasses.field(default_factory=list)
@@ -113,18 +115,19 @@ class Suite:
         The reproduction names the device (``--device``); a varlen batch has
         no one-line reproduction, so its record is its spec.
         """
-        if self.inflight is None:
-            return
         if isinstance(spec, VarlenSpec):
             reproduction = f"varlen case {spec.describe()}"
         else:
             reproduction = spec.reproduction(self.kernel.name, self.device)
-        self.inflight.begin(
-            kernel=self.kernel.name, device=self.device, test=self.test, case=spec.to_dict(), reproduction=reproduction
-        )
+        self.running_case = reproduction
+        if self.inflight is not None:
+            self.inflight.begin(
+                kernel=self.kernel.name, device=self.device, test=self.test, case=spec.to_dict(), reproduction=reproduction
+            )
 
     def finished(self) -> None:
         """The example is over, however it ended: withdraw its case (:meth:`running`)."""
+        self.running_case = ""
         if self.inflight is not None:
             self.inflight.end()
 

@@ -108,6 +108,15 @@ def _ran_out_of_memory(suite: Suite, error: str, ran: str) -> NoReturn:
     )
 
 
+def harness_out_of_memory(suite: Suite, error: Exception) -> None:
+    """:class:`DeviceOutOfMemory` when ``error``, raised by the harness's own work on the GPU (the golden,
+    the poisoned allocations, a comparison) rather than by a kernel call, is an out-of-memory error
+    (:func:`out_of_memory`), naming the case the example ran (:meth:`Suite.running`); else nothing."""
+    if torch.device(suite.device).type == "cuda" and out_of_memory(str(error)):
+        _ran_out_of_memory(suite, f"{type(error).__name__} outside the kernel's calls: {error}",
+                           suite.running_case or "no case was announced yet")  # fmt: skip
+
+
 def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str | None = None) -> NoReturn:
     """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
     ended the CUDA context, :class:`DeviceOutOfMemory` when it found the GPU full (:func:`out_of_memory`),
