@@ -301,7 +301,7 @@ def test_the_packed_case_checks_every_sequence_through_the_varlen_entry_points(t
     code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:VARLEN_BY_LOOP", "--case", PACKED.name,
                                 "--report", str(tmp_path))  # fmt: skip
     assert code == 0, stdout + stderr
-    assert f"0 failed, 0 errors, 0 unsupported (of {len(PACKED.seqlens)} cases)" in stdout
+    assert f"0 failed, 0 errors, 0 unsupported (of {len(PACKED.seqlens)} results)" in stdout
     record = json.loads((tmp_path / "tolerance.json").read_text())
     assert [case["spec"]["name"] for case in record["cases"]] == [f"{PACKED.name}/{i}" for i in range(len(PACKED.seqlens))]
     assert all(case["packed"] == PACKED.to_dict() for case in record["cases"])

@@ -204,7 +204,7 @@ def summary(run: RunResult) -> str:
     counts = run.counts()
     line = (
         f"{run.kernel} on {run.device}: {counts['passed']} passed, {counts['failed']} failed, "
-        f"{counts['error']} errors, {counts['unsupported']} unsupported (of {len(run.cases)} cases)"
+        f"{counts['error']} errors, {counts['unsupported']} unsupported (of {len(run.cases)} results)"
     )
     failing = sorted({output for case in run.cases for output in case.failed_outputs()})
     if failing:
