@@ -51,8 +51,8 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
     (:func:`require_working_device`).
     """
     require_working_device(suite)
-    note(f"reproduce: {spec.reproduction(suite.kernel.name, suite.device)}")
     suite.running(spec)
+    note(f"reproduce: {suite.running_case}")
     try:
         require_fits(spec, suite.device, suite.golden_options)
     except CaseTooLarge as exc:
@@ -96,8 +96,11 @@ def out_of_memory(error: str) -> bool:
     return "out of memory" in error
 
 
-def _ran_out_of_memory(suite: Suite, error: str, ran: str) -> NoReturn:
-    """:class:`DeviceOutOfMemory` for the example that met ``error`` on a full GPU; ``ran`` names the case."""
+def _fail_if_out_of_memory(suite: Suite, error: str, ran: str) -> None:
+    """:class:`DeviceOutOfMemory` when ``error`` is a CUDA device's out-of-memory error (:func:`out_of_memory`)
+    met by the example; ``ran`` names its case.  Nothing otherwise."""
+    if torch.device(suite.device).type != "cuda" or not out_of_memory(error):
+        return
     free, total = torch.cuda.mem_get_info(suite.device)
     held = torch.cuda.memory_reserved(suite.device)
     raise DeviceOutOfMemory(
@@ -112,8 +115,7 @@ def harness_out_of_memory(suite: Suite, error: Exception) -> None:
     """:class:`DeviceOutOfMemory` when ``error``, raised by the harness's own work on the GPU (the golden,
     the poisoned allocations, a comparison) rather than by a kernel call, is an out-of-memory error
     (:func:`out_of_memory`), naming the case the example ran (:meth:`Suite.running`); else nothing."""
-    if torch.device(suite.device).type == "cuda" and out_of_memory(str(error)):
-        _ran_out_of_memory(suite, f"{type(error).__name__} outside the kernel's calls: {error}",
+    _fail_if_out_of_memory(suite, f"{type(error).__name__} outside the kernel's calls: {error}",
                            suite.running_case or "no case was announced yet")  # fmt: skip
 
 
@@ -133,8 +135,7 @@ def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str 
             "after it in this process can run; the case is not shrunk (under CUDA MPS the fault may come from "
             f"another process sharing the GPU); run it again in a new process: {ran}"
         )
-    if torch.device(suite.device).type == "cuda" and out_of_memory(reason):
-        _ran_out_of_memory(suite, reason, ran)
+    _fail_if_out_of_memory(suite, reason, ran)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
     raise PropertyFailure(describe_failure(result))
 
