@@ -15,6 +15,10 @@
 #           `ci:0`) on $FA2_FLEX_WORKERS workers (default 16), each stopped after
 #           $FA2_FLEX_TIMEOUT seconds (default 400), GPU memory logged every 15 s;
 #   flexprobe  ci/probe_flex_compile.py: FlexAttention's compiles and GPU memory per mode ($FA2_FLEX_PROBE_MODES);
+#   flashattn  the real flash-attn built by ci/build-flash-attn.sh (carry .fa2src; ninja resumes in
+#           $FA2_FLASH_ATTN_BUILD), then `run` and the property runs of $FA2_FLASHATTN_RUNS (default
+#           `dev:2 ci:0 dev:1`) on $FA2_FLASHATTN_WORKERS workers (default 16), each stopped after
+#           $FA2_FLASHATTN_TIMEOUT seconds (default 300);
 #   fa4     flash-attn-4 alone, `ci` seed 0, installed by ci/install-fa4.sh into $FA2_FA4_SITE
 #           (default /root/site);
 #   bench   benchmarks/bench_before_after.py against the package in $FA2_BENCH_BEFORE
@@ -71,6 +75,11 @@ for step in ${FA2_STEPS:-triton flash flex fa4 bench mps}; do
              kill "$monitor" ;;
         flexprobe) python3 ci/probe_flex_compile.py --cases "${FA2_FLEX_PROBE_CASES:-16}" \
                        --modes "${FA2_FLEX_PROBE_MODES:-target,auto,auto-tensor}" --out "$out/flexprobe" ;;
+        flashattn) bash ci/build-flash-attn.sh >"$out/flashattn-build.txt" 2>&1 &&
+             eval "$(tail -n 1 "$out/flashattn-build.txt")" &&
+             FA2_TARGETS=flash-attn FA2_TARGET_RUNS="${FA2_FLASHATTN_RUNS:-dev:2 ci:0 dev:1}" \
+                 FA2_TARGET_WORKERS="${FA2_FLASHATTN_WORKERS:-16}" FA2_TARGET_TIMEOUT="${FA2_FLASHATTN_TIMEOUT:-300}" \
+                 OMP_NUM_THREADS=1 bash ci/device-targets.sh "$out/flashattn" ;;
         fa4) PYTHONPATH="$site:$site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH" FA2_TARGETS=flash-attn-4 \
                     FA2_TARGET_RUNS=ci:0 FA2_TARGET_WORKERS=16 FA2_TARGET_TIMEOUT=400 OMP_NUM_THREADS=1 \
                     bash ci/device-targets.sh "$out/fa4" ;;
