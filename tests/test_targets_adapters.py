@@ -11,6 +11,7 @@ capabilities and "cannot run here" reasons are checked as listed by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 
@@ -23,7 +24,8 @@ from fa2_verify.core.contract import Capabilities, visible_mask
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_cudnn, sdpa_ops
 from fa2_verify.kernels.flash_attn_4 import fa4_window
-from fa2_verify.verify.check import check_case
+from fa2_verify.core.varlen import VarlenSpec
+from fa2_verify.verify.check import check_case, check_spec
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 
 CPU = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(16, 32))
@@ -228,16 +230,30 @@ def _fa4_stand_in(q, k, v, softmax_scale=None, causal=False, window_size=(None, 
     return out, lse.detach() if return_lse or q.requires_grad else None
 
 
+def _fa4_varlen_stand_in(q, k, v, qv=None, *, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         return_lse=False, **kwargs):  # fmt: skip
+    """flash_attn.cute.flash_attn_varlen_func as documented: (total, heads, head_dim) inputs, keyword
+    cu_seqlens (its fourth positional parameter is ``qv``), each sequence through :func:`_fa4_stand_in`;
+    returns ``(out, lse)`` with lse (heads, total_q)."""
+    assert qv is None, "cu_seqlens_q passed positionally lands on qv"
+    outs, lses = [], []
+    for index in range(len(cu_seqlens_q) - 1):
+        rows = slice(int(cu_seqlens_q[index]), int(cu_seqlens_q[index + 1]))
+        keys = slice(int(cu_seqlens_k[index]), int(cu_seqlens_k[index + 1]))
+        assert rows.stop - rows.start <= max_seqlen_q and keys.stop - keys.start <= max_seqlen_k
+        out, lse = _fa4_stand_in(q[None, rows], k[None, keys], v[None, keys], return_lse=True, **kwargs)
+        outs.append(out[0])
+        lses.append(lse[0])
+    return torch.cat(outs), torch.cat(lses, dim=-1).detach() if return_lse or q.requires_grad else None
+
+
 class _Fa4OnCpu:
     """The flash-attn-4 adapter, declared for the CPU, calling the stand-in package."""
 
-    capabilities = CPU
+    capabilities = dataclasses.replace(CPU, varlen=True)
 
-    def forward(self, *args, **kwargs):
-        return flash_attn_4.KERNEL.forward(*args, **kwargs)
-
-    def backward(self, *args, **kwargs):
-        return flash_attn_4.KERNEL.backward(*args, **kwargs)
+    def __getattr__(self, name):
+        return getattr(flash_attn_4.KERNEL, name)
 
 
 @pytest.fixture
@@ -247,6 +263,7 @@ def fa4_stand_in(monkeypatch):
     package = types.ModuleType("flash_attn")
     cute = types.ModuleType("flash_attn.cute")
     cute.flash_attn_func = _fa4_stand_in
+    cute.flash_attn_varlen_func = _fa4_varlen_stand_in
     package.cute = cute
     monkeypatch.setitem(sys.modules, "flash_attn", package)
     monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
@@ -258,3 +275,18 @@ def test_fa4_adapter_passes_the_contract_through_to_flash_attn_func(fa4_stand_in
     result = check_case(LoadedKernel("fa4-on-cpu", _Fa4OnCpu()), make_case(_spec(**fields)))
     assert result.status == "passed", result.reason or result.failed_outputs()
     assert set(result.comparisons) == {"out", "lse", "dq", "dk", "dv"}
+
+
+#: Packed sequences with the masks of CASES, an empty query side and an empty key side among them.
+PACKED = VarlenSpec.packing(((17, 40), (33, 17), (0, 9), (8, 0), (24, 24)), heads_q=4, heads_kv=2, head_dim=16,
+                            dtype="float32", seed=5)  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (5, 2), (3, -1)])
+def test_fa4_adapter_passes_packed_sequences_through_to_flash_attn_varlen_func(fa4_stand_in, window):
+    spec = dataclasses.replace(PACKED, causal=window == (-1, -1), window_size=window)
+    results = check_spec(LoadedKernel("fa4-on-cpu", _Fa4OnCpu()), spec, "cpu")
+    assert len(results) == len(spec.seqlens)
+    for result in results:
+        assert result.status == "passed", result.reason or result.failed_outputs()
+        assert set(result.comparisons) == {"out", "lse", "dq", "dk", "dv"}

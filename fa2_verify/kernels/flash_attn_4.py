@@ -11,6 +11,12 @@ for every mask.  Its backward exists only through autograd: the adapter
 recomputes the forward on leaf copies of q, k, v and differentiates it with
 ``dout``, as :mod:`kernels.flash_attn` does.
 
+Packed sequences map onto ``flash_attn.cute.flash_attn_varlen_func``, called
+with keywords only (its fourth positional parameter is ``qv``, not
+``cu_seqlens_q``): (total, heads, head_dim) inputs, ``cu_seqlens_q/k`` and
+``max_seqlen_q/k``, and an LSE of (heads_q, total_q), as the contract's
+varlen entry points take and return them.
+
 The kernels are JIT-compiled through the CuTe DSL (``nvidia-cutlass-dsl``)
 for sm90/sm100.  Nothing is imported until asked: without the package, without
 a CUDA device, or when ``import flash_attn.cute`` fails (e.g. the DSL's
@@ -74,8 +80,8 @@ class FlashAttn4:
             "(its dKV postprocess), so they are bitwise reproducible for MHA only",
             "needs flash-attn-4 with nvidia-cutlass-dsl and an sm90+ GPU (CuTe DSL kernels, compiled on first use)",
             "deterministic=True exists in its API but is not declared until it has run on a GPU",
-            "varlen (flash_attn_varlen_func) is not adapted yet",
         ),
+        varlen=True,
     )
 
     def unavailable_reason(self) -> str | None:
@@ -96,11 +102,11 @@ class FlashAttn4:
             version = None
         return {"kernel": "flash-attn-4", "flash_attn_4": version}
 
-    def _function(self):
+    def _function(self, name: str = "flash_attn_func"):
         reason = self.unavailable_reason()
         if reason is not None:
             raise UnsupportedCase(f"flash-attn-4: {reason}")
-        return importlib.import_module("flash_attn.cute").flash_attn_func
+        return getattr(importlib.import_module("flash_attn.cute"), name)
 
     def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
         out, lse = self._function()(
@@ -115,6 +121,27 @@ class FlashAttn4:
         window = fa4_window(causal, window_size)
         return recomputed_gradients(
             lambda *leaves: function(*leaves, softmax_scale=softmax_scale, causal=False, window_size=window)[0],
+            dout, q, k, v,
+        )  # fmt: skip
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale,
+                       causal=False, window_size=(UNBOUNDED, UNBOUNDED)):  # fmt: skip
+        out, lse = self._function("flash_attn_varlen_func")(
+            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False,
+            window_size=fa4_window(causal, window_size), return_lse=True,
+        )  # fmt: skip
+        return out, lse
+
+    def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                        softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):  # fmt: skip
+        function = self._function("flash_attn_varlen_func")
+        window = fa4_window(causal, window_size)
+        return recomputed_gradients(
+            lambda *leaves: function(
+                *leaves, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False, window_size=window,
+            )[0],
             dout, q, k, v,
         )  # fmt: skip
 
