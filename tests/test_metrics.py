@@ -235,6 +235,40 @@ def test_describe_failure_names_output_path_count_worst_threshold_and_reproducti
     assert "reproduce: fa2-verify repro --kernel mykernel --device cpu --case '{" in message
 
 
+#: Query i sees key j iff j - (seqlen_k - seqlen_q) - i lies in the window: 3 queries, 1 key, window (-1, 0):
+#: rows 0 and 1 see no key; 3 queries, 4 keys, window (0, 0): key 0 is seen by no query.
+ROWS_WITHOUT_KEYS = dict(seqlen_q=3, seqlen_k=1, window_size=(-1, 0))
+KEYS_WITHOUT_QUERIES = dict(seqlen_q=3, seqlen_k=4, window_size=(0, 0))
+
+
+@pytest.mark.parametrize(
+    "output, lengths, index, note",
+    [
+        ("out", ROWS_WITHOUT_KEYS, (0, 0, 0, 5), "query row 0 sees no key"),
+        ("lse", ROWS_WITHOUT_KEYS, (0, 0, 1), "query row 1 sees no key"),
+        ("dq", ROWS_WITHOUT_KEYS, (0, 2, 0, 5), None),
+        ("dk", KEYS_WITHOUT_QUERIES, (0, 0, 0, 1), "key 0 is seen by no query"),
+        ("dv", KEYS_WITHOUT_QUERIES, (0, 1, 0, 1), None),
+    ],
+)
+def test_describe_failure_says_when_the_worst_element_lies_where_the_mask_hides_every_key(output, lengths, index, note):
+    """There the exact value is 0 (or lse -inf) whatever the inputs, so a tiny difference is still a mask error."""
+    spec = CaseSpec(batch=1, heads_q=1, heads_kv=1, head_dim=8, dtype="float16", **lengths)
+    tokens = spec.seqlen_k if output in ("dk", "dv") else spec.seqlen_q
+    shape = (1, 1, tokens) if output == "lse" else (1, tokens, 1, 8)
+    expected = torch.zeros(shape, dtype=torch.float64)
+    actual = expected.to(torch.float16)
+    actual[index] = 2.0**-10
+    comparison = compare(output, actual, expected, torch.full_like(expected, 1e-6), threshold=1.0)
+    message = describe_failure(CaseResult(spec=spec, kernel="k", device="cpu", status="failed",
+                                          comparisons={output: comparison}), output)  # fmt: skip
+    assert f"worst: {output}[" in message
+    if note is None:
+        assert "whatever the inputs" not in message
+    else:
+        assert note in message and "whatever the inputs" in message
+
+
 def test_describe_failure_of_an_errored_case_gives_the_reason():
     spec = CaseSpec(batch=1, seqlen_q=1, seqlen_k=1, heads_q=1, heads_kv=1, head_dim=8, dtype="float32")
     reason = "k.forward raised RuntimeError: boom"

@@ -45,10 +45,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from fa2_verify.core.contract import dtype_name
+from fa2_verify.core.contract import dtype_name, visible_ranges
 from fa2_verify.core.errors import GoldenError
 
 if TYPE_CHECKING:
+    from fa2_verify.core.case import CaseSpec
     from fa2_verify.verify.results import CaseResult
 
 INF = math.inf
@@ -518,6 +519,39 @@ def _number(value: float) -> str:
     return f"{value:.6g}"
 
 
+#: The axis of each output that indexes query rows (``out``, ``dq``, ``lse``) or keys (``dk``, ``dv``).
+_TOKEN_AXIS = {"out": 1, "dq": 1, "lse": 2, "dk": 1, "dv": 1}
+
+
+def masked_element(spec: "CaseSpec", output: str, index: Sequence[int]) -> str | None:
+    """Why element ``index`` of ``output`` is exact whatever the inputs, when its query row sees no key, or
+    its key is seen by no query, under the case's bottom-right aligned mask (:func:`core.contract.visible_ranges`);
+    else None.
+
+    There the exact value is ``out = dq = 0`` and ``lse = -inf`` (no key: an
+    empty sum, Algorithm 1 with ``l = 0``), or ``dk = dv = 0`` (no query's
+    ``P`` reaches the key), and its bound is at most the smallest subnormal
+    (docs/error-model.md), so any other value is a mask
+    error, whatever its size (e.g. a kernel that lets the row see keys the mask
+    hides).  Spelling that out keeps a 1-ULP difference there, between two runs
+    of a metamorphic relation, from reading as an over-tight tolerance.
+    """
+    axis = _TOKEN_AXIS.get(output)
+    if axis is None or len(index) <= axis:
+        return None
+    token = index[axis]
+    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+    if output in ("dk", "dv"):
+        if token >= spec.seqlen_k or bool(((first <= token) & (token <= last)).any()):
+            return None
+        return (f"key {token} is seen by no query under the case's mask (bottom-right aligned), so its dk and dv "
+                "are exactly 0 whatever the inputs: any other value there is wrong, however small")
+    if token >= spec.seqlen_q or first[token] <= last[token]:
+        return None
+    return (f"query row {token} sees no key under the case's mask (bottom-right aligned), so its out and dq are "
+            "exactly 0 and its lse -inf whatever the inputs: any other value there is wrong, however small")
+
+
 def describe_failure(result: "CaseResult", output: str | None = None) -> str:
     """The one failure message: what failed, where, by how much, and how to reproduce it.
 
@@ -551,6 +585,9 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
                 f"normalized error {_number(worst['normalized'])} (threshold {_number(comparison.threshold)}), "
                 f"{_number(worst['ulp'])} ULP in {comparison.dtype}"
             )
+            masked = masked_element(spec, output, worst["index"])
+            if masked is not None:
+                lines.append(f"  {masked}")
         quantiles = comparison.normalized.quantiles
         lines.append(
             "  normalized error: "
