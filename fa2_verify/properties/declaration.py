@@ -35,6 +35,17 @@ class PropertyFailure(AssertionError):
     """The invariant does not hold on the drawn example; the message explains it and how to reproduce it."""
 
 
+class MaskFailure(PropertyFailure):
+    """A :class:`PropertyFailure` whose worst element lies where the case's mask fixes the exact value: a
+    query row that sees no key, or a key no query sees (:func:`verify.metrics.masked_element`).
+
+    Hypothesis tells failures apart by exception type and place, and searches
+    and shrinks each apart: a kernel that attends hidden keys and also gets
+    visible rows wrong is reported twice, each with its minimal case, instead
+    of the first bug hiding the second.
+    """
+
+
 class DeviceLost(BaseException):
     """The CUDA device faulted (an illegal address, say), which ends its context: every later call in the
     process raises the same error, whatever the case.  A ``BaseException``, so Hypothesis neither replays

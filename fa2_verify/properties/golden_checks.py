@@ -9,12 +9,10 @@ from __future__ import annotations
 from hypothesis import note
 
 from fa2_verify.properties import verdicts
-from fa2_verify.properties.declaration import PropertyFailure
 from fa2_verify.properties.session import Suite
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.verify.check import check_case, check_varlen
-from fa2_verify.verify.metrics import describe_failure
 
 
 def against_golden(suite: Suite, spec: CaseSpec, output: str) -> None:
@@ -30,7 +28,7 @@ def against_golden(suite: Suite, spec: CaseSpec, output: str) -> None:
         verdicts.failed_run(suite, spec, label, f"status {result.status}: {result.reason}")
     verdicts.score(suite, label, spec, comparison.normalized.quantiles["max"])
     if not comparison.passed:
-        raise PropertyFailure(describe_failure(result, output))
+        raise verdicts.mismatch(result, output)
 
 
 def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
@@ -47,7 +45,7 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
     suite.observe(label, float(sum(counts.values())), spec)
     bad = [name for name, count in counts.items() if count]
     if bad:
-        raise PropertyFailure(describe_failure(result, bad[0]))
+        raise verdicts.mismatch(result, bad[0])
 
 
 def varlen_within_error_model(suite: Suite, spec: VarlenSpec, layout: str = "contiguous") -> None:
@@ -71,4 +69,4 @@ def varlen_within_error_model(suite: Suite, spec: VarlenSpec, layout: str = "con
     for index, result in enumerate(results):
         broken = next((name for name, comparison in result.comparisons.items() if not comparison.passed), None)
         if broken is not None:
-            raise PropertyFailure(f"sequence {index} of varlen case {spec.describe()}, {layout} inputs:\n" + describe_failure(result, broken))
+            raise verdicts.mismatch(result, broken, f"sequence {index} of varlen case {spec.describe()}, {layout} inputs:\n")

@@ -21,7 +21,7 @@ import torch
 from hypothesis import note, reject, target
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, PropertyFailure
+from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, MaskFailure, PropertyFailure
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import error_model
@@ -30,7 +30,7 @@ from fa2_verify.verify.check import bounds_for, golden_for
 from fa2_verify.core.errors import CaseTooLarge, UnsupportedCase
 from fa2_verify.verify.kernel_call import KernelFailure
 from fa2_verify.verify.memory import require_fits
-from fa2_verify.verify.metrics import OutputComparison, describe_failure
+from fa2_verify.verify.metrics import OutputComparison, describe_failure, masked_element
 from fa2_verify.verify.results import CaseResult
 
 
@@ -140,6 +140,14 @@ def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str 
     raise PropertyFailure(describe_failure(result))
 
 
+def mismatch(result: CaseResult, output: str, context: str = "") -> PropertyFailure:
+    """The failure of ``result``'s ``output``, ``context`` (a line saying what was compared) before its
+    description: a :class:`MaskFailure` when the worst element lies where the mask hides every key."""
+    worst = result.comparisons[output].worst
+    masked = worst is not None and masked_element(result.spec, output, worst["index"]) is not None
+    return (MaskFailure if masked else PropertyFailure)(context + describe_failure(result, output))
+
+
 def golden_of(suite: Suite, case: Case) -> Any:
     """``golden.compute`` for ``case`` (forward and, if the case has one, backward)."""
     return golden_for(case, suite.golden_options)
@@ -178,7 +186,5 @@ def conclude(suite: Suite, spec: CaseSpec, statement: str, comparisons: list[Out
     result = CaseResult(
         spec=spec, kernel=suite.kernel.name, device=suite.device, status="failed", comparisons={broken.output: broken}
     )
-    raise PropertyFailure(
-        f"relation {statement} does not hold for {broken.output} ('expected' is the related run):\n"
-        + describe_failure(result, broken.output)
-    )
+    raise mismatch(result, broken.output,
+                   f"relation {statement} does not hold for {broken.output} ('expected' is the related run):\n")
