@@ -183,7 +183,7 @@ def test_kernels_command_shows_a_gqa_dkv_summed_in_any_order(capsys) -> None:
     """flash-attn-4 declares gqa_dkv_reproducible=False: the listing says so (it loads without the package)."""
     assert main(["kernels", "flash-attn-4"]) == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("flash-attn-4"))
-    assert "causal,window,gqa,backward,gqa-dkv-unordered" in row
+    assert "causal,window,gqa,backward,varlen,gqa-dkv-unordered" in row
 
 
 @pytest.mark.parametrize(
