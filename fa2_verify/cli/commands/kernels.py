@@ -37,7 +37,7 @@ def handle(args) -> int:
     names = args.names or list(BUNDLED)
     here = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     kernels = [load_kernel(name) for name in names]
-    rows = []
+    columns = []  # (name, devices/dtypes, head dims, features, runs here) per kernel
     for kernel in kernels:
         caps = kernel.capabilities
         devices = "; ".join(f"{dev}: {','.join(dts)}" for dev, dts in caps.dtypes.items())
@@ -47,9 +47,13 @@ def handle(args) -> int:
         for device in here:
             reason = kernel.unavailable_reason(device)
             status.append(f"{device}: yes" if reason is None else f"{device}: no ({reason})")
-        rows.append(f"{kernel.name:<16} {devices:<54} {head_dims:<12} {_features(caps):<44} {'; '.join(status)}")
-        rows.extend(f"{'':<16} constraint: {constraint}" for constraint in caps.constraints())
-        rows.extend(f"{'':<16} note: {note}" for note in caps.notes)
-    print(f"{'kernel':<16} {'devices/dtypes':<54} {'head dims':<12} {'features':<44} runs here")
-    print("\n".join(rows))
+        columns.append((kernel.name, devices, head_dims, _features(caps), "; ".join(status)))
+    header = ("kernel", "devices/dtypes", "head dims", "features", "runs here")
+    widths = [max(len(row[i]) for row in [header, *columns]) for i in range(4)]
+    print(" ".join(f"{cell:<{width}}" for cell, width in zip(header, widths)) + f" {header[4]}")
+    for kernel, row in zip(kernels, columns):
+        print(" ".join(f"{cell:<{width}}" for cell, width in zip(row, widths)) + f" {row[4]}")
+        for line in [*(f"constraint: {c}" for c in kernel.capabilities.constraints()),
+                     *(f"note: {n}" for n in kernel.capabilities.notes)]:
+            print(f"{'':<{widths[0]}} {line}")
     return 0
