@@ -18,9 +18,11 @@ import sys
 import pytest
 import torch
 
-from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.contract import UNBOUNDED, Capabilities, effective_window
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.cli.main import main
+from fa2_verify.kernels.reference import DEFERRED
+from fa2_verify.kernels.torch_flash import cuda_op_window
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
@@ -69,6 +71,26 @@ class CtrlC(Restricted):
 
 
 CTRL_C = CtrlC(FLOAT32_ONLY.capabilities)
+class FlashAttnWindows:
+    """The reference with the window flash-attn applies in place of the contract's (``cuda_op_window``): a right
+    bound of ``seqlen_k`` or more read as unbounded, or as ``seqlen_k`` beside a bounded left side."""
+
+    capabilities = DEFERRED.capabilities
+
+    @staticmethod
+    def _window(q, k, causal, window_size):
+        return cuda_op_window(q.shape[1], k.shape[1], effective_window(causal, window_size))
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        return DEFERRED.forward(q, k, v, softmax_scale=softmax_scale, window_size=self._window(q, k, causal, window_size))
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
+                 deterministic=False):  # fmt: skip
+        return DEFERRED.backward(dout, q, k, v, out, lse, softmax_scale=softmax_scale,
+                                 window_size=self._window(q, k, causal, window_size), deterministic=deterministic)
+
+
+FLASH_ATTN_WINDOWS = FlashAttnWindows()
 #: The reference run sequence by sequence through the varlen entry points: a correct varlen kernel.
 VARLEN_BY_LOOP = breakers.VarlenByLoop()
 #: The fixed set's cases with one sequence each; the reference has no varlen entry points.
@@ -324,6 +346,17 @@ def test_a_varlen_bug_fails_the_packed_case_and_its_reproduction_reruns_the_batc
     assert code == 1 and f"{PACKED.name}/0:" in stdout and "mismatches the golden" in stdout
     code, stdout, _ = _cli("repro", "--kernel", "tests.test_cli_run:VARLEN_BY_LOOP", "--case", spec)
     assert code == 0, stdout
+
+
+def test_the_fixed_set_catches_windows_read_as_flash_attn_reads_them():
+    """The two cases whose right bound lies past seqlen_k fail, one with rows that must see no key (so its
+    message says the mask hides every key there); every other fixed case has the same window either way."""
+    code, stdout, _ = _cli("run", "--kernel", "tests.test_cli_run:FLASH_ATTN_WINDOWS")
+    assert code == 1
+    assert f"{len(DENSE) - 2} passed, 2 failed, 0 errors, 1 unsupported" in stdout
+    failed = {json.loads(line.split("case: ", 1)[1])["name"] for line in stdout.splitlines() if "  case: {" in line}
+    assert failed == {"fp16-right-window-past-keys", "bf16-window-past-keys-gqa"}, stdout
+    assert "sees no key under the case's mask" in stdout
 
 
 def test_repro_runs_one_case():

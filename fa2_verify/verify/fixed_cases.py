@@ -11,7 +11,11 @@ with paths of their own: a decoding query (``seqlen_q = 1``, GQA) and a short
 query block, each against 257 keys (rows spanning three tiles of 128: the
 split-KV combine, the running max and rescaling across tiles) under a window
 bounded on the left only, with an explicit ``softmax_scale`` and the
-deterministic backward.  One case is a packed batch (:class:`core.varlen.VarlenSpec`)
+deterministic backward.  Two windows have a right bound past ``seqlen_k``
+with ``seqlen_q > seqlen_k + 1``, which still hides keys from the first rows
+under bottom-right alignment: flash-attn reads such a bound as unbounded, or
+as ``seqlen_k`` when the left side is bounded, and so shows those rows keys
+the mask hides (docs/targets.md).  One case is a packed batch (:class:`core.varlen.VarlenSpec`)
 through the varlen entry points: five causal GQA sequences of different lengths,
 one with no query, one with no key, one whose first rows see no key, so
 ``cu_seqlens`` offsets, per-sequence bottom-right alignment and empty
@@ -59,6 +63,8 @@ FIXED_CASES: tuple[CaseSpec, ...] = (
           softmax_scale=0.3, deterministic=True),
     _case("fp16-left-window-sk257", "float16", 1, 20, 257, 2, 2, 32, seed=12, window_size=(200, -1),
           softmax_scale=0.3, deterministic=True),
+    _case("fp16-right-window-past-keys", "float16", 1, 40, 17, 2, 2, 64, seed=14, window_size=(-1, 20)),
+    _case("bf16-window-past-keys-gqa", "bfloat16", 1, 33, 9, 4, 2, 32, seed=15, window_size=(4, 12)),
     VarlenSpec.packing(((17, 40), (0, 9), (33, 17), (6, 0), (1, 33)), heads_q=4, heads_kv=2, head_dim=40,
                        dtype="float16", causal=True, seed=13, backward=True, name="fp16-varlen-causal-gqa"),
 )
