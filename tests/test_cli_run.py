@@ -71,6 +71,8 @@ class CtrlC(Restricted):
 
 
 CTRL_C = CtrlC(FLOAT32_ONLY.capabilities)
+
+
 class FlashAttnWindows:
     """The reference with the window flash-attn applies in place of the contract's (``cuda_op_window``): a right
     bound of ``seqlen_k`` or more read as unbounded, or as ``seqlen_k`` beside a bounded left side."""
@@ -91,6 +93,7 @@ class FlashAttnWindows:
 
 
 FLASH_ATTN_WINDOWS = FlashAttnWindows()
+
 #: The reference run sequence by sequence through the varlen entry points: a correct varlen kernel.
 VARLEN_BY_LOOP = breakers.VarlenByLoop()
 #: The fixed set's cases with one sequence each; the reference has no varlen entry points.

@@ -22,9 +22,9 @@ from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities, visible_mask
 from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.kernels import flash_attn_4, flex_attention, sdpa_cudnn, sdpa_ops
 from fa2_verify.kernels.flash_attn_4 import fa4_window
-from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.verify.check import check_case, check_spec
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 

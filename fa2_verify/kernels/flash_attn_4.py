@@ -102,48 +102,36 @@ class FlashAttn4:
             version = None
         return {"kernel": "flash-attn-4", "flash_attn_4": version}
 
-    def _function(self, name: str = "flash_attn_func"):
+    def _call(self, name: str, softmax_scale, causal, window_size, **packing):
+        """``flash_attn.cute.<name>`` with the case's scale and mask bound, in FlashAttention-4's spelling
+        (:func:`fa4_window`, ``causal=False``), and a packed batch's ``cu_seqlens``/``max_seqlen`` keywords."""
         reason = self.unavailable_reason()
         if reason is not None:
             raise UnsupportedCase(f"flash-attn-4: {reason}")
-        return getattr(importlib.import_module("flash_attn.cute"), name)
+        function = getattr(importlib.import_module("flash_attn.cute"), name)
+        return functools.partial(function, softmax_scale=softmax_scale, causal=False,
+                                 window_size=fa4_window(causal, window_size), **packing)  # fmt: skip
 
     def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
-        out, lse = self._function()(
-            q, k, v, softmax_scale=softmax_scale, causal=False, window_size=fa4_window(causal, window_size),
-            return_lse=True,
-        )  # fmt: skip
+        out, lse = self._call("flash_attn_func", softmax_scale, causal, window_size)(q, k, v, return_lse=True)
         return out, lse
 
     def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
                  deterministic=False):  # fmt: skip
-        function = self._function()
-        window = fa4_window(causal, window_size)
-        return recomputed_gradients(
-            lambda *leaves: function(*leaves, softmax_scale=softmax_scale, causal=False, window_size=window)[0],
-            dout, q, k, v,
-        )  # fmt: skip
+        function = self._call("flash_attn_func", softmax_scale, causal, window_size)
+        return recomputed_gradients(lambda *leaves: function(*leaves)[0], dout, q, k, v)
 
     def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, softmax_scale,
                        causal=False, window_size=(UNBOUNDED, UNBOUNDED)):  # fmt: skip
-        out, lse = self._function("flash_attn_varlen_func")(
-            q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-            max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False,
-            window_size=fa4_window(causal, window_size), return_lse=True,
-        )  # fmt: skip
+        function = self._call("flash_attn_varlen_func", softmax_scale, causal, window_size, cu_seqlens_q=cu_seqlens_q,
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+        out, lse = function(q, k, v, return_lse=True)
         return out, lse
 
     def backward_varlen(self, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                         softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):  # fmt: skip
-        function = self._function("flash_attn_varlen_func")
-        window = fa4_window(causal, window_size)
-        return recomputed_gradients(
-            lambda *leaves: function(
-                *leaves, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale, causal=False, window_size=window,
-            )[0],
-            dout, q, k, v,
-        )  # fmt: skip
-
+        function = self._call("flash_attn_varlen_func", softmax_scale, causal, window_size, cu_seqlens_q=cu_seqlens_q,
+                              cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)  # fmt: skip
+        return recomputed_gradients(lambda *leaves: function(*leaves)[0], dout, q, k, v)
 
 KERNEL = FlashAttn4()
