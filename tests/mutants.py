@@ -533,11 +533,44 @@ class BatchOffsetWrap(ScaleMutant):
         )
 
 
+class StaleLastQueryTile(ScaleMutant):
+    """From ``min_seqlen_q`` (131,072) query rows on, the last query tile of ``tile`` (64) rows is
+    never stored: its ``out`` and ``lse`` rows keep what the tile before it wrote at the same offsets,
+    as in a kernel whose grid stops one query block short once the block count passes a 16-bit
+    limit and whose output buffer is reused.  The backward is the base's, on those outputs."""
+
+    def __init__(self, min_seqlen_q: int = 1 << 17, tile: int = 64) -> None:
+        self.min_seqlen_q, self.tile = min_seqlen_q, tile
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        out, lse = self.base(q.device).forward(
+            q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size
+        )
+        seqlen_q = q.shape[1]
+        if seqlen_q < self.min_seqlen_q or seqlen_q <= self.tile:
+            return out, lse
+        last = (seqlen_q - 1) // self.tile * self.tile
+        stale = slice(last, seqlen_q)
+        previous = slice(last - self.tile, seqlen_q - self.tile)
+        out, lse = out.clone(), lse.clone()
+        out[:, stale], lse[:, :, stale] = out[:, previous], lse[:, :, previous]
+        return out, lse
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED),
+                 deterministic=False):
+        return self.base(q.device).backward(
+            dout, q, k, v, out, lse, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+            deterministic=deterministic,
+        )
+
+
 KEYS_PAST_65536_IGNORED = KeysPastLimitIgnored()
 BATCH_OFFSET_INT32_WRAP = BatchOffsetWrap()
+LAST_QUERY_TILE_STALE = StaleLastQueryTile()
 
 #: name -> scale mutant; ``tests.mutants:NAME`` loads the same object.
 SCALE_MUTANTS: dict[str, ScaleMutant] = {
     "KEYS_PAST_65536_IGNORED": KEYS_PAST_65536_IGNORED,
     "BATCH_OFFSET_INT32_WRAP": BATCH_OFFSET_INT32_WRAP,
+    "LAST_QUERY_TILE_STALE": LAST_QUERY_TILE_STALE,
 }

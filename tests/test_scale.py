@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 
 from fa2_verify.cli.commands import run as run_command
 from fa2_verify.cli.main import main
+from fa2_verify.core import values
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.contract import visible_mask, visible_ranges
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties import profiles, shapes
 from fa2_verify.properties.cases import fit_budget, work
@@ -145,6 +147,12 @@ LOWERED = {
                  window_size=(20, 2)),
         {"out", "dk", "dv"},
     ),
+    "last-tile-stale-from-128-rows": (
+        mutants.StaleLastQueryTile(min_seqlen_q=128),
+        CaseSpec(batch=1, seqlen_q=130, seqlen_k=130, heads_q=1, heads_kv=1, head_dim=16, dtype="float16",
+                 causal=True, generator="boundary-keys"),
+        {"out", "lse"},
+    ),
     "offset-wrap-12-bits": (
         mutants.BatchOffsetWrap(offset_bits=12),
         CaseSpec(batch=2, seqlen_q=40, seqlen_k=40, heads_q=2, heads_kv=2, head_dim=32, dtype="bfloat16"),
@@ -159,6 +167,43 @@ def test_scale_mutant_fails_past_its_limit(lowered):
     mutant, spec, outputs = LOWERED[lowered]
     result = check_case(LoadedKernel(lowered, mutant), make_case(spec))
     assert result.status == "failed" and outputs <= set(result.failed_outputs()), result.failed_outputs()
+
+
+def test_boundary_keys_pair_the_index_limits_with_rows_that_see_them():
+    """The 65,537-key scale case: key 65,536 (past 16 bits) dominates the last row, each pair is visible."""
+    spec = next(spec for spec in CUDA_CASES if spec.name == "sk65537-none-fp16")
+    pairs = dict(values.boundary_pairs(spec))
+    assert pairs[spec.seqlen_q - 1] == 65536 and {65535, 0, 63, 64, 127} <= set(pairs.values())
+    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+    assert all(first[row] <= key <= last[row] for row, key in pairs.items())
+    causal = next(spec for spec in CUDA_CASES if spec.name == "s131072-causal-bf16")
+    rows = dict(values.boundary_pairs(causal))
+    assert {131071, 131008, 65536, 65535} <= set(rows) and rows[131071] == 131071
+
+
+def test_boundary_keys_rows_put_their_weight_on_their_key():
+    spec = CaseSpec(batch=2, seqlen_q=70, seqlen_k=200, heads_q=2, heads_kv=1, head_dim=32, dtype="bfloat16",
+                    causal=True, generator="boundary-keys", seed=3)
+    case = make_case(spec)
+    q, k = case.q.double(), case.k.double().repeat_interleave(2, dim=2)
+    mask = visible_mask(spec.seqlen_q, spec.seqlen_k, causal=True)
+    weights = torch.softmax(torch.einsum("bihc,bjhc->bhij", q, k).mul(spec.scale).masked_fill(~mask, -math.inf), -1)
+    pairs = values.boundary_pairs(spec)
+    assert len(pairs) >= 6
+    for row, key in pairs:
+        assert float(weights[:, :, row, key].min()) > 1 - 1e-4, (row, key)
+
+
+def test_a_key_past_the_limit_fails_out_by_a_whole_value_under_boundary_keys():
+    """Forward only: ``boundary-keys`` gives the dropped key (64, a tile edge) a row of its own, the last, whose
+    ``out`` then errs by a whole value (under ``normal`` values, at 65,537 keys, by ``1/65,537`` of one)."""
+    mutant = mutants.KeysPastLimitIgnored(key_limit=64)
+    spec = CaseSpec(batch=1, seqlen_q=4, seqlen_k=65, heads_q=1, heads_kv=1, head_dim=16, dtype="float16",
+                    generator="boundary-keys", backward=False)
+    result = check_case(LoadedKernel("keys-past-64", mutant), make_case(spec))
+    assert result.status == "failed"
+    assert result.comparisons["out"].normalized.quantiles["max"] >= 10
+    assert result.comparisons["out"].worst["index"][1] == spec.seqlen_q - 1
 
 
 def test_keys_mutant_declines_a_window_it_cannot_keep():

@@ -12,9 +12,12 @@ to the case dtype, so the golden sees exactly what the kernel sees.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable
 
 import torch
+
+from fa2_verify.core.contract import visible_ranges
 
 if TYPE_CHECKING:
     from fa2_verify.core.case import CaseSpec
@@ -394,4 +397,107 @@ def score_plateau(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     k = a_kv + k_noise * _orthogonal_noise(k_shape, a_kv, rng)
     v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
     dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout
+
+
+#: Key and row indices where kernels break: 16- and 17-bit index limits, the tile edges of 64 and 128.
+INDEX_LIMITS: tuple[int, ...] = (1 << 16, (1 << 16) - 1, (1 << 16) + 1, (1 << 17) - 1, 1 << 17)
+TILE_EDGES: tuple[int, ...] = (63, 64, 127, 128)
+TILES: tuple[int, ...] = (64, 128)
+
+#: How far a ``boundary-keys`` row's dominant score lies above ``ln(seqlen_k)``: the row's other keys
+#: (standard normal scores, at most about 5 above 0 among 2^17 keys) then carry below ``e^-10`` of its weight.
+BOUNDARY_MARGIN = 15.0
+
+
+def _index_past(limit: int, length: int, batch: int, row_elements: int) -> list[int]:
+    """The index, within its batch, of the first row whose element offset ``row * row_elements`` in the
+    (batch * length)-row tensor reaches ``limit`` (none if the tensor ends first)."""
+    first = -(-limit // row_elements)
+    return [first % length] if first < batch * length else []
+
+
+def boundary_indices(spec: "CaseSpec") -> tuple[list[int], list[int]]:
+    """``(keys, rows)``: the key and query indices of ``spec`` that ``boundary-keys`` targets, most important first.
+
+    Keys: the last key, the 16- and 17-bit limits (:data:`INDEX_LIMITS`), the key of the last batch whose
+    element offset in k (over all batches) reaches 2^31, the first key of the last key tile (:data:`TILES`), the first key
+    and the tile edges (:data:`TILE_EDGES`).  Rows: the last and the first row, the first row of the last
+    query tile, the tile edges, the limits, and the row whose offset in q reaches 2^31 (in whichever batch).
+    Only indices inside the sequence, each once.
+    """
+    def unique(indices: list[int], length: int) -> list[int]:
+        return list(dict.fromkeys(index for index in indices if 0 <= index < length))
+
+    keys = [spec.seqlen_k - 1, *INDEX_LIMITS]
+    keys += _index_past(1 << 31, spec.seqlen_k, spec.batch, spec.heads_kv * spec.head_dim)
+    keys += [(spec.seqlen_k - 1) // tile * tile for tile in TILES] + [0, *TILE_EDGES]
+    rows = [spec.seqlen_q - 1, 0] + [(spec.seqlen_q - 1) // tile * tile for tile in TILES]
+    rows += [*TILE_EDGES, *INDEX_LIMITS]
+    rows += _index_past(1 << 31, spec.seqlen_q, spec.batch, spec.heads_q * spec.head_dim)
+    return unique(keys, spec.seqlen_k), unique(rows, spec.seqlen_q)
+
+
+def boundary_pairs(spec: "CaseSpec") -> list[tuple[int, int]]:
+    """``(row, key)`` pairs of ``boundary-keys``: each row is dominated by the one key of its pair.
+
+    Every boundary key (:func:`boundary_indices`) gets a row of its own that sees it under the case's
+    mask, a boundary row if one is left, else the first row left that does; every boundary row left
+    then gets the most important boundary key it sees.  At most ``head_dim // 2`` distinct keys (one
+    feature channel each).
+    """
+    keys, rows = boundary_indices(spec)
+    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+
+    def sees(row: int, key: int) -> bool:
+        return bool(first[row] <= key <= last[row])
+
+    keys = keys[: spec.head_dim // 2]
+    pairs: dict[int, int] = {}
+    for key in keys:
+        seeing = [row for row in rows if row not in pairs and sees(row, key)]
+        seeing += [row for row in torch.nonzero((first <= key) & (last >= key)).flatten()[: len(pairs) + 1].tolist()
+                   if row not in pairs]
+        if seeing:
+            pairs[seeing[0]] = key
+    for row in rows:
+        if row not in pairs:
+            visible = [key for key in keys if sees(row, key)]
+            if visible:
+                pairs[row] = visible[0]
+    return sorted(pairs.items())
+
+
+@register("boundary-keys")
+def boundary_keys(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Standard normal entries, except that each boundary row's softmax is one boundary key
+    (:func:`boundary_pairs`): the last key, keys 2^16 - 1 to 2^17, a key whose offset passes 2^31,
+    the first key of the last tile, in the last, first, tile-edge and offset-past-2^31 rows.
+
+    Each paired key gets a feature channel of its own (the last ``head_dim // 2`` channels, zero in
+    every other q and k): ``k_t`` is ``a`` on its channel and 0 elsewhere, row ``r`` paired with it
+    keeps its normal q and adds ``a`` on that channel, so ``S_rt = scale a^2 = ln(seqlen_k) +``
+    :data:`BOUNDARY_MARGIN` and the row's output is ``V_t`` to ``e^-10``.  Under ``normal`` values a
+    key carries ``1/seqlen_k`` of its row's weight, so a kernel that never visits key 65,536, or
+    leaves the last query tile stale, errs by ``1/65,537`` of a row's spread, below the rounding
+    bound; here it errs by a whole ``|V_t - O_r|``.  Bug class: 16-bit key or block indices, 32-bit
+    offsets that wrap, a last key tile or query tile not visited or not written (FA2 Algorithm 1,
+    the loops of lines 3 and 6 and the write of line 12).
+    """
+    q, k, v, dout = normal(spec, rng)
+    pairs = boundary_pairs(spec)
+    if not pairs:
+        return q, k, v, dout
+    keys = list(dict.fromkeys(key for _, key in pairs))
+    channel = {key: spec.head_dim - 1 - index for index, key in enumerate(keys)}
+    channels = list(channel.values())
+    q[..., channels] = 0.0
+    k[..., channels] = 0.0
+    logit = math.log(max(spec.seqlen_k, 2)) + BOUNDARY_MARGIN
+    size = min(math.sqrt(logit / spec.scale), math.sqrt(_finfo(spec).max) / 4)
+    for key in keys:
+        k[:, key] = 0.0
+        k[:, key, :, channel[key]] = size
+    for row, key in pairs:
+        q[:, row, :, channel[key]] = size
     return q, k, v, dout

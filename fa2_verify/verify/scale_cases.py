@@ -11,7 +11,13 @@ the size guard's estimate of its device memory, ``verify.memory.estimate(spec,
 :data:`CPU_CASES` is the same set scaled to what a 2-core CPU runs through the
 plain-PyTorch ``reference`` kernel in a few minutes: at least 4096 keys and
 head_dim 256 still appear, the >2^31-element and 65,536-program cases become
-many (batch, head) pairs.  docs/benchmarks.md ("Scale") lists every case with
+many (batch, head) pairs.  Every case draws ``boundary-keys`` values
+(:mod:`core.values`): normal entries, except that the rows and keys where
+index and offset bugs live (keys 2^16 - 1 to 2^17, the last key and the
+last key tile, the first and last query tile, the tile edges, the row whose
+offset passes 2^31) carry one dominant score each, so a key a kernel never
+visits or a row it leaves stale errs by a whole value, not by
+``1/seqlen_k`` of one.  docs/benchmarks.md ("Scale") lists every case with
 its estimate and measured times.
 """
 
@@ -29,10 +35,13 @@ DEVICE_BYTES = 80 * 10**9 - 2 * 2**30
 def _case(name: str, dtype: str, batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, heads_kv: int,
           head_dim: int, *, seed: int, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
           backward: bool = True) -> CaseSpec:
+    """A scale case; its values are ``boundary-keys`` (:func:`core.values.boundary_pairs` names the
+    rows and keys it targets: the key past 2^16, the last key, the last query tile, tile edges, the
+    row whose offset passes 2^31)."""
     return CaseSpec(
         batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, heads_q=heads_q, heads_kv=heads_kv,
-        head_dim=head_dim, dtype=dtype, causal=causal, window_size=window_size, seed=seed, backward=backward,
-        name=name,
+        head_dim=head_dim, dtype=dtype, causal=causal, window_size=window_size, generator="boundary-keys",
+        seed=seed, backward=backward, name=name,
     )
 
 
@@ -66,6 +75,8 @@ CPU_CASES: tuple[CaseSpec, ...] = (
     _case("cpu-sk4097-none-fp16", "float16", 1, 48, 4097, 2, 2, 64, seed=201),
     _case("cpu-sk4096-causal-bf16", "bfloat16", 1, 160, 4096, 2, 1, 32, seed=202, causal=True),
     _case("cpu-sk4096-window-fp32", "float32", 1, 96, 4096, 2, 2, 32, seed=203, window_size=(1024, 0)),
+    # 65,537 keys: key 65,536 dominates the last row, keys 65,535 and the first dominate others
+    _case("cpu-sk65537-none-fp16", "float16", 1, 16, 65537, 1, 1, 32, seed=206),
     # head_dim 256 with GQA 8:1
     _case("cpu-hd256-gqa8-causal-bf16", "bfloat16", 1, 129, 257, 8, 1, 256, seed=204, causal=True),
     # many (batch, head) pairs: 64 x 16 = 1,024 programs along the head axes
