@@ -17,7 +17,7 @@ Every magnitude in the bounds (``sum_j P_ij |V_jc|`` and the like) is a
 matmul of absolute values, evaluated in float64 from the golden: ``P`` is
 recomputed as ``exp(S - LSE*)`` with the golden LSE.  The evaluation runs on
 the case's device, one block of query rows at a time over only the keys those
-rows see (:func:`_blocks`) and for all the query heads of one kv head at once,
+rows see (:func:`row_blocks`) and for all the query heads of one kv head at once,
 so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
 float64 a block at a time.  A correct kernel keeps
 ``|actual - expected| / bound <= THRESHOLDS[output]``.
@@ -182,7 +182,7 @@ def work_elements(device: torch.device | str) -> int:
     return WORK_ELEMENTS.get(torch.device(device).type, WORK_ELEMENTS["cuda"])
 
 
-def _blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -> list[tuple[slice, slice]]:
+def row_blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -> list[tuple[slice, slice]]:
     """Blocks of query rows, each with the span of keys its rows see, of at most ``work`` (rows x keys) elements.
 
     Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.contract.visible_ranges`);
@@ -378,7 +378,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         dk_partial = torch.zeros_like(dv_error)
 
     # the query heads of one kv head share its keys: a block holds all of them
-    blocks = _blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
+    blocks = row_blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
     query_partials = None
     for b in range(batch):
         for g in range(heads_kv):

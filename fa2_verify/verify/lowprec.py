@@ -1,57 +1,78 @@
 """Naive attention in the case dtype: the denominator of the flash-attn style ratio.
 
-``softmax(scale * Q K^T) V`` with every tensor op (matmul, masking, softmax,
-logsumexp) run by PyTorch in the inputs' own dtype, and its gradients by
-autograd in that dtype; GQA/MQA by repeating K and V over the query heads of
-each group, so autograd sums their gradients.  A row that sees no key gives
-``out = 0``, ``dq = 0`` and ``lse = -inf``, as the kernel contract asks.
+``softmax(scale * Q K^T) V`` with every tensor op (matmul, scaling, masking,
+softmax, logsumexp) run by PyTorch in the inputs' own dtype, and its
+gradients by the same ops autograd runs for them, in that dtype (``dP = dO
+V^T``, ``dS = P (dP - rowsum(dP P))``, times the scale, ``dQ = dS K``).  A row
+that sees no key gives ``out = 0``, ``dq = 0`` and ``lse = -inf``, as the
+kernel contract asks.
 
 It is only used for :func:`verify.metrics.flash_ratio` (docs/error-model.md,
-"Flash-attn ratio"), never for pass/fail decisions.  It forms the whole
-(batch, heads_q, seqlen_q, seqlen_k) score tensor, so it runs only for cases
-of at most :data:`MAX_SCORES` scores (:func:`fits`); above that, at scale,
-the ratio is not reported.
+"Flash-attn ratio"), never for pass/fail decisions.  It runs one block of
+query rows at a time over only the keys those rows see
+(:func:`verify.error_model.row_blocks`), for all query heads of one batch at
+once, so no (seqlen_q x seqlen_k) tensor is formed and the ratio is reported
+at every length, 128k tokens included.  Row blocks change nothing for the
+rows' own outputs (``out``, ``lse``, ``dq``); ``dK`` and ``dV`` sum over every
+row and, with GQA, over the query heads of a group: those sums are kept in
+float32 across blocks and heads and rounded to the dtype once, as one matmul
+in the dtype with float32 accumulation rounds them (GPU tensor cores and
+PyTorch's CPU kernels alike).
 """
 
 from __future__ import annotations
 
 import torch
 
-from fa2_verify.core.contract import visible_mask
-from fa2_verify.core.case import Case, CaseSpec
-
-
-#: Largest ``batch * heads_q * seqlen_q * seqlen_k`` the naive attention is run for:
-#: 32 MiB per 16-bit score tensor, a few of them alive with autograd.
-MAX_SCORES = 1 << 24
-
-
-def fits(spec: CaseSpec) -> bool:
-    """Whether the naive attention of ``spec`` is small enough to run (:data:`MAX_SCORES`)."""
-    return spec.batch * spec.heads_q * spec.seqlen_q * spec.seqlen_k <= MAX_SCORES
+from fa2_verify.core.contract import visible_ranges
+from fa2_verify.core.case import Case
+from fa2_verify.verify.error_model import row_blocks, work_elements
 
 
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     """``out``, ``lse`` (float32) and, when the case has a backward, ``dq``, ``dk``, ``dv``."""
     spec = case.spec
     group = spec.heads_q // spec.heads_kv
-    with torch.enable_grad():
-        q, k, v = (t.detach().clone().requires_grad_(spec.backward) for t in (case.q, case.k, case.v))
-        keys = k.repeat_interleave(group, dim=2)
-        values = v.repeat_interleave(group, dim=2)
-        logits = torch.einsum("bihc,bjhc->bhij", q, keys) * spec.scale
-        visible = visible_mask(
-            spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size, device=q.device
-        )
-        nonempty = visible.any(1, keepdim=True)
-        # Rows without a visible key softmax over zeros (finite gradients) and are then zeroed.
-        fill = torch.where(nonempty, float("-inf"), 0.0).to(logits.dtype)
-        logits = torch.where(visible, logits, fill)
-        probs = torch.softmax(logits, dim=-1) * nonempty.to(logits.dtype)
-        out = torch.einsum("bhij,bjhc->bihc", probs, values)
-        lse = torch.where(nonempty[:, 0], torch.logsumexp(logits, dim=-1), float("-inf")).to(torch.float32)
-        result = {"out": out.detach(), "lse": lse.detach()}
-        if spec.backward:
-            dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_outputs=case.dout)
-            result.update(dq=dq, dk=dk, dv=dv)
+    device = case.q.device
+    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size,
+                                 device=device)
+    out = torch.zeros_like(case.q)
+    lse = torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32, device=device)
+    result = {"out": out, "lse": lse}
+    if spec.backward:
+        dq = torch.zeros_like(case.q)
+        dk_sum = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
+        dv_sum = torch.zeros_like(dk_sum)
+    blocks = row_blocks(first, last, spec.seqlen_k, max(1, work_elements(device) // spec.heads_q))
+    for b in range(spec.batch):
+        # (heads_q, keys, head_dim): K and V repeated over the query heads of each group
+        keys_all = case.k[b].transpose(0, 1).repeat_interleave(group, dim=0)
+        values_all = case.v[b].transpose(0, 1).repeat_interleave(group, dim=0)
+        for rows, keys in blocks:
+            key_index = torch.arange(keys.start, keys.stop, device=device)
+            visible = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
+            nonempty = visible.any(-1)
+            if not bool(nonempty.any()):
+                continue
+            q_rows = case.q[b, rows].transpose(0, 1)
+            k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
+            logits = (q_rows @ k_rows.mT) * spec.scale
+            # rows without a visible key softmax over zeros (finite gradients) and are then zeroed
+            fill = torch.where(nonempty[:, None], float("-inf"), 0.0).to(logits.dtype)
+            logits = torch.where(visible, logits, fill)
+            probs = torch.softmax(logits, dim=-1) * nonempty[:, None].to(logits.dtype)
+            out[b, rows] = (probs @ v_rows).transpose(0, 1)
+            lse[b, :, rows] = torch.where(nonempty, torch.logsumexp(logits, dim=-1), float("-inf")).float()
+            if not spec.backward:
+                continue
+            dout_rows = case.dout[b, rows].transpose(0, 1)
+            dprobs = dout_rows @ v_rows.mT
+            dlogits = probs * (dprobs - (dprobs * probs).sum(-1, keepdim=True)) * spec.scale
+            dq[b, rows] = (dlogits @ k_rows).transpose(0, 1)
+            dk_heads = dlogits.float().mT @ q_rows.float()
+            dv_heads = probs.float().mT @ dout_rows.float()
+            dk_sum[b, keys] += dk_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
+            dv_sum[b, keys] += dv_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
+    if spec.backward:
+        result.update(dq=dq, dk=dk_sum.to(case.k.dtype), dv=dv_sum.to(case.v.dtype))
     return result

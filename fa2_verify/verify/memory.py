@@ -33,15 +33,15 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   inputs, the bounds, the dK/dV accumulators and temporaries, one block of about
   ``WORK_ELEMENTS[device]`` scores (at least one row; the mask is kept as
   key ranges);
-* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio, run
-  only up to ``lowprec.MAX_SCORES`` scores): full ``P``-element score
-  matrices in the dtype, with their gradients, and the inputs' clones, K and V
-  repeated over the query heads and their gradients;
+* *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
+  its outputs, K and V of one batch repeated over the query heads, the float32
+  dK/dV sums, and one row block of about ``WORK_ELEMENTS[device]`` scores per
+  query head in the dtype, with their gradients;
 * *comparison* (device, :func:`verify.metrics.compare`): float64 work arrays
   of one chunk of ``CHUNK_ELEMENTS`` elements.
 
-Nothing is ``P``-sized above ``lowprec.MAX_SCORES``: the golden, the error
-model and the comparison work in row blocks or chunks, so a 128k-token case
+Nothing is ``P``-sized: the golden, the error model, the naive attention and
+the comparison work in row blocks or chunks, so a 128k-token case
 costs them its inputs, outputs and bounds, not a ``seqlen_q x seqlen_k``
 matrix.
 
@@ -68,7 +68,6 @@ from fa2_verify.core.errors import CaseTooLarge
 from fa2_verify.golden.fast import BLOCK_ELEMENTS
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from fa2_verify.verify.error_model import work_elements
-from fa2_verify.verify.lowprec import fits as naive_attention_runs
 from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 
 FLOAT64 = 8
@@ -97,11 +96,11 @@ ERROR_MODEL_CHUNK_COPIES = 36
 #: (docs/error-model.md, eqs. 7 and 9).
 ERROR_MODEL_KEY_COPIES = 8
 
-#: Score matrices of ``P`` elements in the dtype alive at once in the naive
-#: attention with its autograd backward (:mod:`verify.lowprec`: the scores,
-#: scaled, masked, the softmax and its masked copy saved for the backward, and
-#: the gradients formed from them).
-LOWPREC_SCORE_COPIES = 6
+#: Score blocks alive at once in the naive attention, in units of one block in
+#: the dtype (:mod:`verify.lowprec`: the scores, scaled and masked, the softmax
+#: and its masked copy, the mask, dP and dS, and float32 copies of P and dS for
+#: the dK/dV sums).
+LOWPREC_SCORE_COPIES = 14
 
 #: Float64 arrays of a comparison chunk's size alive while an output is compared
 #: (:func:`verify.metrics.compare`, in chunks of ``CHUNK_ELEMENTS``: actual,
@@ -185,11 +184,10 @@ def estimate(
     # the error model converts its inputs to float64 one block of rows at a time (inside ``chunk``)
     error_model_work = bounds + key_work + chunk
 
-    naive_outputs, naive_work = 0, 0
-    if naive_attention_runs(spec):
-        naive_outputs = outputs
-        repeated_keys = spec.batch * spec.seqlen_k * spec.heads_q * spec.head_dim
-        naive_work = size * (LOWPREC_SCORE_COPIES * scores + queries + 2 * keys + 4 * repeated_keys)
+    naive_outputs = outputs + (FLOAT32 * 2 * keys if gradients else 0)
+    repeated_keys = spec.seqlen_k * spec.heads_q * spec.head_dim
+    naive_block = spec.heads_q * _block(work_elements(device) // max(spec.heads_q, 1), spec)
+    naive_work = size * (LOWPREC_SCORE_COPIES * naive_block + 2 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
 
