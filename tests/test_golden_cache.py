@@ -239,6 +239,20 @@ def _forge(entry: pathlib.Path, meta) -> None:
     cache.store(entry.parent, entry.name.removesuffix(".golden"), arrays, meta)
 
 
+def _assert_recomputed_then_served(tmp_path, monkeypatch, tamper) -> None:
+    """After ``tamper(entry)`` the golden is recomputed, with a warning, equal to the first, and its entry
+    rewritten: the next call reads it without computing."""
+    first = _compute(tmp_path)
+    (entry,) = tmp_path.iterdir()
+    tamper(entry)
+    with pytest.warns(GoldenCacheWarning, match="corrupt"):
+        _assert_same(first, _compute(tmp_path))
+    _forbid_computing(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_same(first, _compute(tmp_path))
+
+
 def _check_with_cache(kernel, case, cache_dir, method):
     return check_case(kernel, case, golden_options=golden.GoldenOptions(method=method, cache_dir=cache_dir))
 
@@ -294,15 +308,7 @@ def _deep(header: bytes) -> bytes:
     ids=["invalid-json", "nested-20000-deep", "5000-digit-integer", "not-utf-8", "nan", "infinity", "not-an-object"],
 )
 def test_header_that_does_not_parse_is_recomputed_never_a_traceback(tmp_path, monkeypatch, edit):
-    first = _compute(tmp_path)
-    (entry,) = tmp_path.iterdir()
-    _edit_header(entry, edit)
-    with pytest.warns(GoldenCacheWarning, match="corrupt"):
-        _assert_same(first, _compute(tmp_path))
-    _forbid_computing(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _assert_same(first, _compute(tmp_path))
+    _assert_recomputed_then_served(tmp_path, monkeypatch, lambda entry: _edit_header(entry, edit))
 
 
 BOUNDS = {name: 0.0 for name in ("out", "lse", "dq", "dk", "dv")}
@@ -337,15 +343,7 @@ BOUNDS = {name: 0.0 for name in ("out", "lse", "dq", "dk", "dv")}
 def test_meta_a_computation_could_not_give_is_refused_even_with_a_valid_digest(tmp_path, monkeypatch, meta):
     """One who can write the cache recomputes the digest: the meta itself must be what ``compute`` writes, each
     bound at most what the method certifies (``MAX_CERTIFIED_BOUND``), or the entry is recomputed."""
-    first = _compute(tmp_path)
-    (entry,) = tmp_path.iterdir()
-    _forge(entry, meta)
-    with pytest.warns(GoldenCacheWarning, match="corrupt"):
-        _assert_same(first, _compute(tmp_path))
-    _forbid_computing(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _assert_same(first, _compute(tmp_path))
+    _assert_recomputed_then_served(tmp_path, monkeypatch, lambda entry: _forge(entry, meta))
 
 
 def test_a_forged_entry_within_the_limits_is_served_without_computing(tmp_path, monkeypatch):
