@@ -1,8 +1,9 @@
 """Degraded copies of correct kernels, for showing that the check and the gate fail them.
 
-:class:`DoubledOutError` wraps a kernel and, when ``degrade`` is on, returns
-``out' = e + 2 (out - e)`` rounded to the dtype, with ``e`` the float64 attention
-of :mod:`tests.naive`: the error of ``out`` doubles while the kernel name,
+:class:`ScaledOutError` wraps a kernel and, when ``degrade`` is on, returns
+``out' = e + factor (out - e)`` rounded to the dtype, with ``e`` the float64 attention
+of :mod:`tests.naive`: the error of ``out`` grows ``factor`` times (2 for
+:data:`REFERENCE`, :data:`TRITON`, :data:`TORCH_FLASH`) while the kernel name,
 capabilities and the other outputs' code stay the same.  ``degrade`` starts
 from the environment variable ``FA2_DEGRADE_OUT=1`` so that the same target
 name can record a baseline and then be gated degraded from the command line
@@ -25,11 +26,12 @@ from tests.naive import attention
 from fa2_verify.verify.registry import load_kernel
 
 
-class DoubledOutError:
-    """``kernel_name`` with the error of ``out`` doubled while ``degrade`` is on."""
+class ScaledOutError:
+    """``kernel_name`` with the error of ``out`` multiplied by ``factor`` while ``degrade`` is on."""
 
-    def __init__(self, kernel_name: str):
+    def __init__(self, kernel_name: str, factor: float = 2.0):
         self.kernel_name = kernel_name
+        self.factor = factor
         self.degrade = os.environ.get("FA2_DEGRADE_OUT") == "1"
 
     @functools.cached_property
@@ -48,7 +50,7 @@ class DoubledOutError:
         if not self.degrade:
             return out, lse
         expected, _ = attention(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
-        return (expected + 2 * (out.double() - expected)).to(out.dtype), lse
+        return (expected + self.factor * (out.double() - expected)).to(out.dtype), lse
 
     def backward(self, *args, **kwargs):
         return self.kernel.backward(*args, **kwargs)
@@ -79,6 +81,6 @@ class ScaleInBfloat16:
         return self.target.backward(dout, q, k, v, out, lse, softmax_scale=in_bfloat16(softmax_scale), **options)
 
 
-REFERENCE = DoubledOutError("reference")
-TRITON = DoubledOutError("triton")
-TORCH_FLASH = DoubledOutError("torch-flash")
+REFERENCE = ScaledOutError("reference")
+TRITON = ScaledOutError("triton")
+TORCH_FLASH = ScaledOutError("torch-flash")

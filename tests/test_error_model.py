@@ -17,7 +17,8 @@ import torch
 from fa2_verify import golden
 from tests import naive
 from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.core.errors import KernelLoadError
+from fa2_verify.core.errors import GoldenError, KernelLoadError
+from fa2_verify.golden.certify import LIMIT
 from fa2_verify.verify.error_model import (
     SECOND_ORDER_UNITS,
     PartialSums,
@@ -123,11 +124,22 @@ def test_exact_zeros_have_the_underflow_bound_and_must_stay_zero(dtype):
 
 
 def test_certified_golden_error_widens_the_bound():
+    """By the largest bound a golden may claim, 2**-40 (the fast path's certification limit)."""
     case = make_case(SPEC, "cpu")
     result = _golden(case)
-    widened = dataclasses.replace(result, certified_bound={**result.certified_bound, "out": 1e-3})
+    widened = dataclasses.replace(result, certified_bound={**result.certified_bound, "out": LIMIT})
     difference = first_order_bounds(case, widened)["out"] - first_order_bounds(case, result)["out"]
-    torch.testing.assert_close(difference, torch.full_like(difference, 1e-3 * float(result.out.abs().max())))
+    expected = torch.full_like(difference, LIMIT * float(result.out.abs().max()))
+    torch.testing.assert_close(difference, expected, rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("claim", [1e-3, LIMIT * 2, -1e-17, float("nan"), float("inf"), "1e-17"])
+def test_a_golden_claiming_more_than_the_fast_path_certifies_is_refused(claim):
+    """A certified_bound above 2**-40, or not a number from 0 up, would widen every bound: GoldenError, never used."""
+    case = make_case(SPEC, "cpu")
+    claimed = dataclasses.replace(_golden(case), certified_bound={"out": claim, "lse": 0.0})
+    with pytest.raises(GoldenError, match=r"certified_bound\['out'\]=.* is not a number from 0 to 9.09e-13"):
+        first_order_bounds(case, claimed)
 
 
 @pytest.fixture(scope="module", params=["float16", "bfloat16", "float32"])

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import warnings
@@ -13,10 +15,15 @@ import pytest
 import torch
 
 from fa2_verify import golden
-from fa2_verify.golden import cache, fast, mp
+from fa2_verify.golden import cache, certify, fast, mp
 from fa2_verify.golden.cache import GoldenCacheWarning
+from fa2_verify.golden.certify import LIMIT
 from fa2_verify.golden.options import CACHE_ENV
-from fa2_verify.core.errors import UsageError
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.errors import GoldenError, UsageError
+from fa2_verify.verify.check import check_case
+from fa2_verify.verify.registry import LoadedKernel
+from tests.degraded import ScaledOutError
 
 OUTPUTS = ("out", "lse", "delta", "dq", "dk", "dv")
 
@@ -204,3 +211,159 @@ def test_unwritable_cache_dir_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match="cache_dir=") as info:
         _compute(blocker)
     assert "point --golden-cache or $FA2_VERIFY_GOLDEN_CACHE at a writable directory" in str(info.value)
+
+
+# The header is checked as much as the payload: an entry whose header was edited, does not parse, or claims a
+# golden no computation would give is recomputed, never trusted.
+
+
+def _header_and_payload(entry: pathlib.Path) -> tuple[bytes, bytes]:
+    blob = entry.read_bytes()
+    header_end = blob.index(b"\n", len(cache.MAGIC))
+    return blob[len(cache.MAGIC) : header_end], blob[header_end + 1 :]
+
+
+def _edit_header(entry: pathlib.Path, edit) -> None:
+    """Replace the entry's header line by ``edit(header)``, leaving its recorded sha256 as it was."""
+    header, payload = _header_and_payload(entry)
+    edited = edit(header)
+    assert edited != header, "the edit changed nothing"
+    entry.write_bytes(cache.MAGIC + edited + b"\n" + payload)
+
+
+def _forge(entry: pathlib.Path, meta) -> None:
+    """What one who can write the cache does: put ``meta`` in the header and recompute the digest."""
+    _, payload = _header_and_payload(entry)
+    with np.load(io.BytesIO(payload)) as archive:
+        arrays = {name: archive[name] for name in archive.files}
+    cache.store(entry.parent, entry.name.removesuffix(".golden"), arrays, meta)
+
+
+def _assert_recomputed_then_served(tmp_path, monkeypatch, tamper) -> None:
+    """After ``tamper(entry)`` the golden is recomputed, with a warning, equal to the first, and its entry
+    rewritten: the next call reads it without computing."""
+    first = _compute(tmp_path)
+    (entry,) = tmp_path.iterdir()
+    tamper(entry)
+    with pytest.warns(GoldenCacheWarning, match="corrupt"):
+        _assert_same(first, _compute(tmp_path))
+    _forbid_computing(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _assert_same(first, _compute(tmp_path))
+
+
+def _check_with_cache(kernel, case, cache_dir, method):
+    return check_case(kernel, case, golden_options=golden.GoldenOptions(method=method, cache_dir=cache_dir))
+
+
+@pytest.mark.parametrize(
+    "method, factor, edit",
+    [
+        ("fast", 3.0, lambda header: re.sub(rb"e-(\d+)", rb"e+\1", header)),
+        ("mpmath", 50.0, lambda header: re.sub(rb'("out": ?)0\.0', rb"\g<1>9.0", header)),
+    ],
+    ids=["certified-bound-exponent", "certified-bound-value"],
+)
+def test_edited_header_is_recomputed_and_the_erroneous_kernel_still_fails(tmp_path, monkeypatch, method, factor, edit):
+    """The reported attack: the certified bound widens every bound (docs/error-model.md, (11)), so an entry
+    whose header says ``e+17`` for ``e-17`` (fast) or ``9.0`` for ``0.0`` (mpmath) passed a kernel with 3 or 50
+    times the error of ``out``.  The digest covers the header: the entry is recomputed and the kernel fails."""
+    spec = CaseSpec(1, 16, 16, 2, 1, 16, "float16", backward=False)
+    case = make_case(spec, "cpu")
+    erroneous = ScaledOutError("reference", factor)
+    erroneous.degrade = True
+    kernel = LoadedKernel("erroneous", erroneous)
+    fresh = _check_with_cache(kernel, case, tmp_path, method)
+    assert fresh.status == "failed" and not fresh.comparisons["out"].passed
+    (entry,) = tmp_path.iterdir()
+    _edit_header(entry, edit)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tampered = _check_with_cache(kernel, case, tmp_path, method)
+    assert tampered.status == "failed" and tampered.golden == fresh.golden
+    (warning,) = caught
+    assert warning.category is GoldenCacheWarning and "sha256 of header and payload mismatch" in str(warning.message)
+    _forbid_computing(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _check_with_cache(kernel, case, tmp_path, method).golden == fresh.golden
+
+
+def _deep(header: bytes) -> bytes:
+    return b"[" * 20_000 + b"]" * 20_000
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda header: header[:-1],
+        _deep,
+        lambda header: header.replace(b'"size":', b'"size":' + b"9" * 5_000 + b",\"was\":"),
+        lambda header: header.replace(b'"key":"', b'"key":"\xff\xfe'),
+        lambda header: header.replace(b"0.0", b"NaN", 1),
+        lambda header: header.replace(b"0.0", b"Infinity", 1),
+        lambda header: b"[]",
+    ],
+    ids=["invalid-json", "nested-20000-deep", "5000-digit-integer", "not-utf-8", "nan", "infinity", "not-an-object"],
+)
+def test_header_that_does_not_parse_is_recomputed_never_a_traceback(tmp_path, monkeypatch, edit):
+    _assert_recomputed_then_served(tmp_path, monkeypatch, lambda entry: _edit_header(entry, edit))
+
+
+BOUNDS = {name: 0.0 for name in ("out", "lse", "dq", "dk", "dv")}
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        {"method": "mpmath", "certified_bound": {**BOUNDS, "out": 9.0}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": 1e17}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": 2 * LIMIT}},
+        {"method": "mpmath", "certified_bound": {**BOUNDS, "out": LIMIT}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": "1e-17"}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": -1e-17}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": True}},
+        {"method": "fast", "certified_bound": {**BOUNDS, "out": None}},
+        {"certified_bound": BOUNDS},
+        {"method": "exact", "certified_bound": BOUNDS},
+        {"method": ["fast"], "certified_bound": BOUNDS},
+        {"method": "mpmath", "certified_bound": {name: 0.0 for name in ("out", "lse")}},
+        {"method": "mpmath", "certified_bound": {**BOUNDS, "delta": 0.0}},
+        {"method": "mpmath", "certified_bound": [0.0] * 5},
+        {"method": "mpmath", "certified_bound": BOUNDS, "trusted": True},
+        ["mpmath", BOUNDS],
+    ],
+    ids=[
+        "mpmath-claims-9", "fast-claims-1e17", "fast-claims-twice-the-limit", "mpmath-claims-the-fast-limit",
+        "string", "negative", "bool", "null", "missing-method", "unknown-method", "method-not-a-string",
+        "missing-outputs", "extra-output", "bounds-not-an-object", "extra-meta-key", "meta-not-an-object",
+    ],
+)
+def test_meta_a_computation_could_not_give_is_refused_even_with_a_valid_digest(tmp_path, monkeypatch, meta):
+    """One who can write the cache recomputes the digest: the meta itself must be what ``compute`` writes, each
+    bound at most what the method certifies (``MAX_CERTIFIED_BOUND``), or the entry is recomputed."""
+    _assert_recomputed_then_served(tmp_path, monkeypatch, lambda entry: _forge(entry, meta))
+
+
+def test_a_forged_entry_within_the_limits_is_served_without_computing(tmp_path, monkeypatch):
+    """The positive control of the test above: a meta ``compute`` could have written, the fast path's limit
+    included, is served from the cache."""
+    first = _compute(tmp_path)
+    (entry,) = tmp_path.iterdir()
+    _forge(entry, {"method": "fast", "certified_bound": {**BOUNDS, "out": LIMIT}})
+    _forbid_computing(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        served = _compute(tmp_path)
+    assert served.method == "fast" and served.certified_bound == {**BOUNDS, "out": LIMIT}
+    assert torch.equal(served.out, first.out)
+
+
+def test_fresh_golden_claiming_more_than_the_limit_is_an_error_and_is_not_cached(tmp_path, monkeypatch):
+    """The cap holds the computation too: a certification that returned a bound above 2**-40 fails the golden's
+    guarantee (one line, ``GoldenError``) instead of widening every bound, and nothing is cached."""
+    monkeypatch.setattr(certify, "certify", lambda *args, **kwargs: {**BOUNDS, "out": 2 * LIMIT})
+    with pytest.raises(GoldenError, match=r"certified_bound\['out'\]=1.8\d*e-12 is not a number from 0 to 9.09e-13"):
+        _compute(tmp_path, method="fast")
+    assert _entries(tmp_path) == []

@@ -155,3 +155,14 @@ def test_triton_compile_cache_is_kept_between_runs(workflow, job):
     for action in ("actions/cache/restore@", "actions/cache/save@"):
         steps = [step for step in job["steps"] if step.get("uses", "").startswith(action)]
         assert any(step["with"]["path"] == path for step in steps), action
+
+
+def test_only_runs_on_main_save_the_golden_cache(job):
+    """A pull request restores main's golden cache and saves none, so it cannot poison what main restores
+    (docs/reports-and-gate.md, "Keying the golden cache")."""
+    golden = [step for step in job["steps"] if step.get("with", {}).get("path") == ".fa2-golden-cache"]
+    restores = [step for step in golden if step["uses"].startswith("actions/cache/restore@")]
+    saves = [step for step in golden if step["uses"].startswith("actions/cache/save@")]
+    assert len(restores) == 1 and len(saves) == 1
+    assert saves[0]["if"] == "${{ !cancelled() && github.ref == 'refs/heads/main' }}"
+    assert not any(step["uses"].startswith("actions/cache@") for step in job["steps"] if "uses" in step)

@@ -14,6 +14,12 @@ from fa2_verify.core.errors import GoldenError, UsageError
 
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
 
+#: The largest ``certified_bound`` a golden of each method may claim: mpmath is exact, and the fast path is
+#: certified to :data:`golden.certify.LIMIT` (2**-40 relative) or refused.  Nothing larger is accepted, from
+#: the cache or elsewhere, so no golden widens the error model's bounds (docs/error-model.md, (11)) by more
+#: than a fresh computation could.
+MAX_CERTIFIED_BOUND = {"mpmath": 0.0, "fast": certify.LIMIT}
+
 
 @dataclasses.dataclass(frozen=True)
 class GoldenResult:
@@ -29,7 +35,8 @@ class GoldenResult:
     ``certified_bound[name]`` is, for the fast path, the largest
     ``|fast - mpmath|`` on the sampled rows over the largest ``|mpmath| + M``
     there, ``M`` being the magnitude of the terms the element sums
-    (:mod:`golden.certify`); it is 0.0 for mpmath.
+    (:mod:`golden.certify`); it is 0.0 for mpmath.  It never exceeds
+    :data:`MAX_CERTIFIED_BOUND` (:func:`require_certified_bound`).
     """
 
     out: torch.Tensor
@@ -83,7 +90,9 @@ def compute(
     if cache_dir is not None and not cache.fits(shapes):
         cache_dir = None
     entry_key = _key(problem, options, method) if cache_dir is not None or method == "fast" else ""
-    stored = cache.load(cache_dir, entry_key, shapes) if cache_dir is not None else None
+    names = {name for name in OUTPUTS if name in shapes}
+    check_meta = lambda meta: _cached_meta_problem(meta, names)
+    stored = cache.load(cache_dir, entry_key, shapes, check_meta) if cache_dir is not None else None
     if stored is not None:
         arrays, meta = stored
         tensors = {name: torch.from_numpy(array).to(problem.device) for name, array in arrays.items()}
@@ -103,10 +112,45 @@ def compute(
                 raise
             method = "mpmath"
             tensors, bounds = _mpmath(problem, options)
+    require_certified_bound(bounds, method)
     if cache_dir is not None:
         arrays = {name: tensor.cpu().numpy() for name, tensor in tensors.items()}
         cache.store(cache_dir, entry_key, arrays, {"method": method, "certified_bound": bounds})
     return _result(tensors, method, bounds)
+
+
+def certified_bound_problem(bounds: dict[str, object], method: str = "fast") -> str | None:
+    """What makes ``bounds`` a ``certified_bound`` no golden of ``method`` can claim, or ``None``.
+
+    Each value must be a number (not a bool or a string) from 0 to ``MAX_CERTIFIED_BOUND[method]``: a
+    negative, NaN or infinite one is refused, as is one above the cap.
+    """
+    cap = MAX_CERTIFIED_BOUND[method]
+    for name, value in bounds.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= cap:
+            return f"certified_bound[{name!r}]={value!r:.40} is not a number from 0 to {cap:.3g} (method {method!r})"
+    return None
+
+
+def require_certified_bound(bounds: dict[str, object], method: str = "fast") -> None:
+    """Raise ``GoldenError`` where :func:`certified_bound_problem` finds one: a golden that fails its guarantee."""
+    problem = certified_bound_problem(bounds, method)
+    if problem is not None:
+        raise GoldenError(
+            f"the golden's {problem}: it fails its own guarantee; compute this case with GoldenOptions(method='mpmath')"
+        )
+
+
+def _cached_meta_problem(meta: object, names: set[str]) -> str | None:
+    """What makes a cache entry's ``meta`` one that ``compute`` could not have written for outputs ``names``."""
+    if not isinstance(meta, dict) or set(meta) != {"method", "certified_bound"}:
+        return "its meta is not a JSON object of method and certified_bound"
+    method, bounds = meta["method"], meta["certified_bound"]
+    if not isinstance(method, str) or method not in MAX_CERTIFIED_BOUND:
+        return f"its method {method!r:.40} is none of {sorted(MAX_CERTIFIED_BOUND)}"
+    if not isinstance(bounds, dict) or set(bounds) != names:
+        return f"its certified_bound is not a JSON object of {sorted(names)}"
+    return certified_bound_problem(bounds, method)
 
 
 def _mpmath(problem: HeadMajorInputs, options: GoldenOptions) -> tuple[dict[str, torch.Tensor], dict[str, float]]:

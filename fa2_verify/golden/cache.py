@@ -2,8 +2,12 @@
 
 An entry is one file ``<cache_dir>/<key>.golden``, ``key`` being the sha256 of
 everything the golden depends on (:func:`key`).  The file holds a magic line,
-a JSON header line (key, payload size and sha256, metadata) and the payload,
-an uncompressed ``.npz`` of the output arrays (loaded with pickles disabled).
+a JSON header line (key, payload size, metadata and the entry's sha256) and
+the payload, an uncompressed ``.npz`` of the output arrays (loaded with
+pickles disabled).  The entry's sha256 (:func:`digest`) covers the header's
+other fields, in canonical JSON (sorted keys, no spaces), and the payload: the
+metadata (the method and the ``certified_bound`` that widens every bound of
+the error model) is checked as much as the numbers.
 
 * Writes are atomic: a private temporary file in the same directory, flushed
   and fsynced, then ``os.replace``d onto the entry, so a reader sees the old
@@ -13,10 +17,23 @@ an uncompressed ``.npz`` of the output arrays (loaded with pickles disabled).
   (:func:`fits`): a golden at production scale (e.g. 16 heads of 16,384
   tokens: 1.6 GB of float64 outputs) would be written and hashed for longer
   than the fast path takes to recompute it on a GPU, and would fill the disk.
-* Reads trust nothing: a wrong magic, key, size, digest, array set or shape
-  makes the entry corrupt; :func:`load` then warns
-  (:class:`GoldenCacheWarning`) and reports a miss, and the caller recomputes
-  and replaces the entry.
+* Reads trust nothing: a wrong magic line, a header that does not parse
+  (invalid JSON or UTF-8, nesting deep enough to exhaust the recursion
+  limit, an integer longer than Python's digit limit), other header fields,
+  a wrong key, size or digest, an array set or shape, or metadata the
+  caller's ``check_meta`` refuses make the entry corrupt; :func:`load` then
+  warns (:class:`GoldenCacheWarning`) and reports a miss, and the caller
+  recomputes and atomically replaces the entry.
+
+The digest finds a damaged or hand-edited entry, not an attacker who can
+write the cache directory: he rewrites the header and recomputes the digest
+as :func:`store` does (nothing here is secret).  What stops him is the
+caller's ``check_meta``: :func:`golden.api.compute` refuses a
+``certified_bound`` a fresh computation could not give
+(:data:`golden.api.MAX_CERTIFIED_BOUND`), so a poisoned entry cannot widen a
+bound, and CI restores the cache only from the main branch
+(docs/reports-and-gate.md).  Such an attacker can still replace the numbers
+themselves, as he can replace any file the run reads.
 """
 
 from __future__ import annotations
@@ -28,6 +45,7 @@ import math
 import pathlib
 import warnings
 import zipfile
+from typing import Callable
 
 import numpy as np
 
@@ -35,7 +53,11 @@ from fa2_verify.core.atomic import write_bytes_atomic
 from fa2_verify.core.errors import UsageError
 from fa2_verify.golden.options import CACHE_ENV
 
-MAGIC = b"fa2-verify golden cache 1\n"
+#: The first line of an entry; 2: the sha256 covers the header as well as the payload.
+MAGIC = b"fa2-verify golden cache 2\n"
+
+#: The fields of an entry's header line.
+HEADER_FIELDS = frozenset({"key", "size", "meta", "sha256"})
 
 #: Bump when the golden's numbers change for the same inputs and options
 #: (3: the fast path in torch, whose non-exact products may round differently).
@@ -73,8 +95,17 @@ def path(cache_dir: pathlib.Path, entry_key: str) -> pathlib.Path:
     return cache_dir / f"{entry_key}.golden"
 
 
-def load(cache_dir: pathlib.Path, entry_key: str, shapes: dict[str, tuple[int, ...]]):
-    """``(arrays, meta)`` of a valid entry with exactly the arrays ``shapes`` names, else ``None``."""
+def load(
+    cache_dir: pathlib.Path,
+    entry_key: str,
+    shapes: dict[str, tuple[int, ...]],
+    check_meta: Callable[[object], str | None] = lambda meta: None,
+):
+    """``(arrays, meta)`` of a valid entry with exactly the arrays ``shapes`` names, else ``None``.
+
+    ``check_meta`` says what is wrong with an entry's metadata (``None``: nothing); an entry it refuses is
+    corrupt, as one whose digest does not match.
+    """
     entry = path(cache_dir, entry_key)
     try:
         blob = entry.read_bytes()
@@ -83,8 +114,8 @@ def load(cache_dir: pathlib.Path, entry_key: str, shapes: dict[str, tuple[int, .
     except OSError as exc:
         raise _unusable(cache_dir, "cannot be read", exc) from None
     try:
-        return _parse(blob, entry_key, shapes)
-    except (ValueError, KeyError, TypeError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        return _parse(blob, entry_key, shapes, check_meta)
+    except (ValueError, KeyError, TypeError, RecursionError, OSError, EOFError, zipfile.BadZipFile) as exc:
         message = f"golden cache entry {entry} is corrupt ({exc}); recomputing it"
         warnings.warn(message, GoldenCacheWarning, stacklevel=3)
         return None
@@ -95,14 +126,28 @@ def store(cache_dir: pathlib.Path, entry_key: str, arrays: dict[str, np.ndarray]
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     payload = buffer.getvalue()
-    header = {"key": entry_key, "size": len(payload), "sha256": hashlib.sha256(payload).hexdigest(), "meta": meta}
+    fields = {"key": entry_key, "size": len(payload), "meta": meta}
     target = path(cache_dir, entry_key)
-    data = MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + payload
+    data = MAGIC + _canonical({**fields, "sha256": digest(fields, payload)}) + b"\n" + payload
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
         return write_bytes_atomic(target, data, overwrite=True)
     except OSError as exc:
         raise _unusable(cache_dir, "is not a writable directory", exc) from None
+
+
+def digest(fields: dict, payload: bytes) -> str:
+    """The sha256 of an entry: of the header's fields but ``sha256`` in canonical JSON, a newline, the payload.
+
+    Canonical JSON (:func:`_canonical`) has no newline, so the two parts cannot be shifted into each other.
+    """
+    return hashlib.sha256(_canonical(fields) + b"\n" + payload).hexdigest()
+
+
+def _canonical(header: dict) -> bytes:
+    """``header`` as one line of JSON, the same bytes for the same values: sorted keys, no spaces, ASCII only,
+    no NaN or infinity (``ValueError``)."""
+    return json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
 
 
 def _unusable(cache_dir: pathlib.Path, problem: str, exc: OSError) -> UsageError:
@@ -114,18 +159,24 @@ def _unusable(cache_dir: pathlib.Path, problem: str, exc: OSError) -> UsageError
     )
 
 
-def _parse(blob: bytes, entry_key: str, shapes: dict[str, tuple[int, ...]]):
+def _parse(blob: bytes, entry_key: str, shapes: dict[str, tuple[int, ...]], check_meta: Callable[[object], str | None]):
     if not blob.startswith(MAGIC):
         raise ValueError("bad magic line")
     header_end = blob.index(b"\n", len(MAGIC))
-    header = json.loads(blob[len(MAGIC) : header_end])
+    header = json.loads(blob[len(MAGIC) : header_end].decode("utf-8"))
     payload = blob[header_end + 1 :]
+    if not isinstance(header, dict) or set(header) != HEADER_FIELDS:
+        raise ValueError(f"the header is not a JSON object of {sorted(HEADER_FIELDS)}")
+    claimed = header.pop("sha256")
+    if claimed != digest(header, payload):
+        raise ValueError("sha256 of header and payload mismatch")
     if header["key"] != entry_key:
-        raise ValueError(f"it holds key {header['key']!r}")
+        raise ValueError(f"it holds key {header['key']!r:.80}")
     if len(payload) != header["size"]:
         raise ValueError(f"payload is {len(payload)} bytes, header says {header['size']}")
-    if hashlib.sha256(payload).hexdigest() != header["sha256"]:
-        raise ValueError("payload sha256 mismatch")
+    problem = check_meta(header["meta"])
+    if problem is not None:
+        raise ValueError(problem)
     with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
         arrays = {name: archive[name] for name in archive.files}
     if set(arrays) != set(shapes):

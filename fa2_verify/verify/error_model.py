@@ -34,6 +34,7 @@ import torch
 from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.core.errors import KernelLoadError, UsageError
+from fa2_verify.golden.api import require_certified_bound
 
 #: Normalized-error threshold per output (docs/error-model.md, "Thresholds").
 THRESHOLDS: Mapping[str, float] = {"out": 1.0, "lse": 1.0, "dq": 1.0, "dk": 1.0, "dv": 1.0}
@@ -333,8 +334,10 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     * (2b) split-KV     with ``partials.out_splits`` = S > 1, (2) gains ``(u + u_w + 2 gamma_S + u_a) sum_j P_ij |V_jc|
       + eta``, ``u_w = u_f + u_a (2 M_i + 2 ln n_i + 1)`` the error of a split's float32 weight
     * (10) second order each bound is multiplied by ``1 + 4u``.
-    * (11) golden       each bound gains ``certified_bound[name] * max|expected|``.
+    * (11) golden       each bound gains ``certified_bound[name] * max|expected|``, ``certified_bound`` at most
+      ``golden.api.MAX_CERTIFIED_BOUND["fast"]`` (2**-40), else ``GoldenError``.
     """
+    require_certified_bound(dict(golden.certified_bound))
     spec = case.spec
     dtype = spec.torch_dtype
     u = unit_roundoff(dtype)
