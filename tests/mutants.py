@@ -321,6 +321,24 @@ class SplitKvLseMax(Mutant):
         return out, torch.stack(chunks, -1).amax(-1).to(torch.float32)
 
 
+class SplitPartialsInFloat8(Mutant):
+    """Over-declared split-KV: the output is stored through float8 (e4m3, three mantissa bits, 2^-4
+    relative) as a split's partial, while ``config()`` declares a million key splits in the input dtype
+    (``partial_sums.out_splits``, docs/error-model.md eq. 2b).  Taken at its word, the declaration's
+    ``2 gamma_S`` (0.13 for float32 accumulation) would cover float8; a row that sees ``n_i`` keys fills at
+    most ``n_i`` splits, and the error model counts no more."""
+
+    SPLITS = 10**6
+
+    def config(self) -> dict[str, Any]:
+        declared = {"out_splits": self.SPLITS}
+        return {**super().config(), "partial_sums": {"cpu": declared, "cuda": declared}}
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        out, lse = super().forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+        return out.to(torch.float8_e4m3fn).to(out.dtype), lse
+
+
 class VarlenMutant(Mutant):
     """A varlen kernel: the varlen entry points of :mod:`core.contract` run each packed sequence
     (``cu_seqlens``) through this kernel's padded path; subclasses replace one step of the packing."""
@@ -414,6 +432,7 @@ DECODE_IGNORES_WINDOW = DecodeIgnoresWindow()
 DETERMINISTIC_DQ_DROPS_LAST_BLOCK = DeterministicDqDropsLastBlock()
 LARGE_TILE_STALE_MAX = LargeTileStaleMax()
 SPLIT_KV_LSE_MAX = SplitKvLseMax()
+SPLIT_PARTIALS_IN_FLOAT8 = SplitPartialsInFloat8()
 VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK = VarlenDeterministicDqDropsLastBlock()
 VARLEN_Q_ASSUMED_CONTIGUOUS = VarlenQAssumedContiguous()
 

@@ -69,3 +69,32 @@ def test_two_outputs_naming_one_file_are_refused_even_with_overwrite(tmp_path):
         f"--report={tmp_path}/r.json and --markdown={tmp_path}/sub/../r.json name the same file: choose different paths"
     )
     check_outputs({"--report": tmp_path / "r.json", "--markdown": tmp_path / "r.md"}, overwrite=False)
+
+
+@pytest.mark.parametrize("link", ["same-path", "symlink", "hard-link"])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, link, overwrite):
+    """Replacing a file the command reads destroys it; --overwrite asks to replace old outputs, not inputs."""
+    source = tmp_path / "baseline.json"
+    source.write_text("{}")
+    output = {"same-path": tmp_path / "." / "baseline.json", "symlink": tmp_path / "link.json",
+              "hard-link": tmp_path / "hard.json"}[link]
+    if link == "symlink":
+        output.symlink_to(source)
+    elif link == "hard-link":
+        os.link(source, output)
+    with pytest.raises(ReportError) as info:
+        check_outputs({"--markdown": output}, overwrite=overwrite, inputs={"--corpus": None, "--baseline": source})
+    assert str(info.value) == (
+        f"--markdown={output} is --baseline={source}, which this command reads: writing it would destroy the input, "
+        "with or without --overwrite; choose another --markdown"
+    )
+    check_outputs({"--markdown": tmp_path / "gate.md"}, overwrite=overwrite, inputs={"--baseline": source})
+
+
+@pytest.mark.parametrize("where", ["loop", "loop/report.json"])
+def test_a_symlink_loop_is_refused_up_front_in_one_line(tmp_path, where):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(ReportError) as info:
+        check_outputs({"--out": tmp_path / where}, overwrite=True)
+    assert str(info.value) == f"--out={tmp_path / where} is a symlink loop: choose another path"

@@ -262,6 +262,7 @@ def test_committed_baselines_validate_against_the_schema_and_cover_the_corpus(pa
     jsonschema.Draft202012Validator(schema).validate(record)
     baseline = baselines.load_baseline(path)
     baselines.require_coverage(baseline, load_corpus().select(baseline.dtypes))
+    baselines.require_consistent_verdicts(baseline, load_corpus().select(baseline.dtypes))
 
 
 def test_the_schema_names_what_the_code_names():
@@ -288,6 +289,17 @@ def test_a_run_with_non_finite_errors_is_never_written_as_a_baseline(tmp_path):
         pytest.param(lambda record: record["groups"].pop(), "groups: ", id="group-deleted"),
         pytest.param(_set(["groups", 0, "jitter", "normalized", "max"], 1e9), "jitter.normalized.max", id="jitter"),
         pytest.param(_set(["capabilities", "dtypes"], {"cpu": 1}), "capabilities.dtypes.cpu", id="capabilities-type"),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized"], dict(zip(QUANTILES, (5.0, 6.0, 7.0, 8.0, 9.0)))),
+            "contradicts itself (groups[bfloat16/dk/causal+gqa].quantiles.normalized.max=9.0: above the pass threshold 1, "
+            "yet all 1 case(s) of the group passed dk)",
+            id="quantiles-5-to-9-of-passed-cases",
+        ),
+        pytest.param(
+            _set(["groups", 0, "quantiles", "normalized"], dict.fromkeys(QUANTILES, 1e308)),
+            "normalized.max=1e+308: above the pass threshold 1",
+            id="quantiles-1e308-of-passed-cases",
+        ),
     ],
 )
 def test_gate_refuses_a_tampered_committed_baseline_before_running(tmp_path, capsys, monkeypatch, change, message):

@@ -32,7 +32,7 @@ from fa2_verify.verify.metrics import compare
 from fa2_verify.verify.check import check_case
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.kernels.reference import DEFERRED
-from tests.mutants import DS_FLUSH_SUBNORMAL
+from tests.mutants import DS_FLUSH_SUBNORMAL, SPLIT_PARTIALS_IN_FLOAT8
 from tests.variants import ROUNDED_P_DS
 
 SPEC = CaseSpec(
@@ -334,6 +334,42 @@ def test_split_kv_partials_stored_in_the_input_dtype_widen_only_the_output_bound
     p = torch.softmax((SPEC.scale * q @ k.transpose(-1, -2)).masked_fill(~visible, -math.inf), dim=-1)
     expected = (unit_roundoff(torch.float16) * (p @ v.abs()) + underflow_unit(torch.float16)).transpose(1, 2)
     torch.testing.assert_close(split["out"] - plain["out"], expected, rtol=1e-2, atol=0)
+
+
+@pytest.mark.parametrize(
+    "declared, field",
+    [
+        ({"cpu": {"out_splits": True}}, "['cpu']['out_splits']=True is a bool"),
+        ({"cpu": {"out_splits": 1e6}}, "['cpu']['out_splits']=1000000.0 is not a positive int"),
+        ({"cpu": {"out_splits": [[0, 4], [8, 0]]}}, "['cpu']['out_splits']=[[0, 4], [8, 0]] holds a pair"),
+        ({"cpu": {"splits": 4}}, "['cpu']['splits'] is not a field"),
+        ({"gpu": {"out_splits": 4}}, "['gpu']: 'gpu' is not a device type"),
+    ],
+    ids=["bool", "float", "zero-in-table", "unknown-field", "unknown-device"],
+)
+def test_a_bad_partial_sums_declaration_names_its_field(declared, field):
+    with pytest.raises(KernelLoadError) as raised:
+        PartialSums.of({PartialSums.CONFIG_KEY: declared}, "cpu", 100)
+    assert f": config()['partial_sums']{field}" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_splits_declared_beyond_a_rows_keys_widen_no_bound():
+    """Eq. 2b counts at most the n_i splits a row's keys can fill: a million declared splits on 13 keys are 13."""
+    case = make_case(SPEC, "cpu")
+    result = _golden(case)
+    declared = first_order_bounds(case, result, PartialSums(out_splits=10**6))
+    torch.testing.assert_close(declared["out"], first_order_bounds(case, result, PartialSums(out_splits=13))["out"],
+                               rtol=0, atol=0)
+    assert (declared["out"] < first_order_bounds(case, result, PartialSums(out_splits=2))["out"] * 1.01).all()
+
+
+def test_a_kernel_hiding_a_float8_output_behind_a_million_splits_fails():
+    """The false pass of the issue: eight keys, float32, and a kernel whose error the declared splits would
+    cover (``2 gamma_(10^6)`` = 0.13 relative) fails as it does declaring eight."""
+    spec = CaseSpec(batch=1, seqlen_q=4, seqlen_k=8, heads_q=2, heads_kv=2, head_dim=16, dtype="float32",
+                    backward=False, seed=0)
+    result = _checked(SPLIT_PARTIALS_IN_FLOAT8, spec)
+    assert result.status == "failed" and not result.comparisons["out"].passed
 
 
 def test_out_splits_are_read_from_the_kernel_config():

@@ -50,6 +50,7 @@ TRIGGERS = {
     "DETERMINISTIC_DQ_DROPS_LAST_BLOCK": ((1, 20, 64, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "deterministic": True}),
     "LARGE_TILE_STALE_MAX": ((1, 4, 256, 2, 2, 16), torch.float32, {"softmax_scale": 1.0}),
     "SPLIT_KV_LSE_MAX": ((1, 4, 200, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
+    "SPLIT_PARTIALS_IN_FLOAT8": ((1, 20, 8, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK": (
         VarlenSpec.packing(((20, 64), (7, 40)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32", softmax_scale=0.3,
                            backward=True, deterministic=True),

@@ -211,3 +211,51 @@ def test_module_failing_on_import_raises_one_line_load_error(tmp_path, monkeypat
     message = str(info.value)
     assert "cannot import module 'raises_on_import': RuntimeError: CUDA driver too old" in message
     assert "\n" not in message
+
+
+class _Declaring(_DictCapabilities):
+    """A target whose ``config()`` is ``settings``; its ``forward`` must never run."""
+
+    def __init__(self, settings: dict) -> None:
+        self.settings = settings
+
+    def config(self):
+        return self.settings
+
+    def forward(self, *args, **kwargs):
+        pytest.fail("a case ran before config() was checked")
+
+
+NAN_CONFIG = _Declaring({"tiles": {"fwd": [64, float("nan")]}})
+INF_CONFIG = _Declaring({"partial_sums": {"cpu": {"out_splits": float("inf")}}})
+BOOL_BLOCK_K = _Declaring({"block_k": True})
+ZERO_BLOCK_K = _Declaring({"block_k": 0})
+UNKNOWN_PARTIAL_SUM = _Declaring({"partial_sums": {"cpu": {"out_split": 8}}})
+
+#: target -> the field its one-line error names.
+BAD_CONFIGS = {
+    "nan": ("NAN_CONFIG", "config()['tiles']['fwd'][1] is not a finite number"),
+    "inf": ("INF_CONFIG", "config()['partial_sums']['cpu']['out_splits'] is not a finite number"),
+    "bool-block-k": ("BOOL_BLOCK_K", "config()['block_k']=True: the key tile must be a positive int"),
+    "zero-block-k": ("ZERO_BLOCK_K", "config()['block_k']=0: the key tile must be a positive int"),
+    "unknown-field": ("UNKNOWN_PARTIAL_SUM", "config()['partial_sums']['cpu']['out_split'] is not a field"),
+}
+
+
+@pytest.mark.parametrize("attr, message", BAD_CONFIGS.values(), ids=BAD_CONFIGS.keys())
+def test_a_bad_config_is_refused_before_any_case_runs_naming_the_key_path(attr: str, message: str, capsys) -> None:
+    case = '{"batch": 1, "seqlen_q": 2, "seqlen_k": 2, "heads_q": 1, "heads_kv": 1, "head_dim": 8, "dtype": "float32"}'
+    assert main(["repro", "--kernel", f"tests.test_registry:{attr}", "--case", case]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith(f"fa2-verify: error: kernel 'tests.test_registry:{attr}': config()")
+    assert message in captured.err
+
+
+def test_a_finite_config_with_its_declarations_loads() -> None:
+    settings = {"block_k": 16, "version": 2.5, "partial_sums": {"cpu": {"out_splits": [[0, 1], [64, 4]]}}}
+    kernel = load_kernel("tests.test_registry:DECLARING")
+    assert kernel.config() == settings == DECLARING.settings
+
+
+DECLARING = _Declaring({"block_k": 16, "version": 2.5, "partial_sums": {"cpu": {"out_splits": [[0, 1], [64, 4]]}}})

@@ -103,9 +103,3 @@ def dq_spread_bound(case: Case, golden: Any, dq_runs: list[torch.Tensor], *, blo
                 largest = torch.maximum(largest, run[:, block].detach().to(device, torch.float64).abs())
             bound[:, block] += ulp(largest, dtype)
     return bound
-
-
-def config_block_k(config: dict[str, Any]) -> int | None:
-    """The kernel's key tile if its ``config()`` states one as ``block_k``."""
-    block_k = config.get("block_k")
-    return block_k if isinstance(block_k, int) and block_k > 0 else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.determinism import config_block_k, dq_spread_bound
+from fa2_verify.properties.determinism import dq_spread_bound
+from fa2_verify.verify.kernel_config import declared_block_k
 from fa2_verify.properties.session import Suite
 from fa2_verify.properties.verdicts import call_kernel, conclude, golden_of, introduce
 from fa2_verify.core.case import CaseSpec, make_case
@@ -41,6 +42,6 @@ def dq_spread_bounded(suite: Suite, spec: CaseSpec, repeats: int) -> None:
     case = make_case(spec, suite.device)
     runs = call_kernel(suite, spec, "dq", *([case] * (1 + repeats)))
     dq_runs = [outputs["dq"] for outputs in runs]
-    bound = dq_spread_bound(case, golden_of(suite, case), dq_runs, block_k=config_block_k(suite.kernel.config()))
+    bound = dq_spread_bound(case, golden_of(suite, case), dq_runs, block_k=declared_block_k(suite.kernel.config()))
     comparisons = [relations.compare_runs("dq", dq_runs[0], dq, bound, threshold=1.0) for dq in dq_runs[1:]]
     conclude(suite, spec, statement, comparisons)

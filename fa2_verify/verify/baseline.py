@@ -22,7 +22,9 @@ kernel such as a default-mode backward with atomic dQ.  The gate widens its
 margin by it.  Loading validates the whole file against its JSON Schema
 (:data:`SCHEMA_PATH`) and then the invariants a schema cannot state
 (:func:`baseline_from_dict`); :func:`require_coverage` checks, before the gate
-runs, that it holds every case and group of the corpus it gates.  Anything
+runs, that it holds every case and group of the corpus it gates, and
+:func:`require_consistent_verdicts` that no group's quantiles contradict the
+verdicts of its cases.  Anything
 missing or malformed is a :class:`~core.errors.BaselineError` naming the
 field, so the gate fails closed; a baseline is validated the same way before
 it is written.
@@ -46,6 +48,7 @@ from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError
+from fa2_verify.verify.error_model import THRESHOLDS
 from fa2_verify.verify.metrics import QUANTILES, encode_float
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.report_json import collect_environment, group_comparisons, max_quantiles
@@ -319,6 +322,35 @@ def require_coverage(baseline: Baseline, specs: Sequence[CaseSpec]) -> None:
     for key, group in baseline.groups.items():
         if key not in required and key not in possible:
             raise ValueError(f"groups[{group.where}]: no case of the corpus compares it")
+
+
+def require_consistent_verdicts(baseline: Baseline, specs: Sequence[CaseSpec]) -> None:
+    """Raise ``ValueError`` naming the first group whose quantiles contradict the verdicts of its cases.
+
+    An output passes when no element's normalized error exceeds the output's
+    threshold (:data:`verify.error_model.THRESHOLDS`), and a group's normalized
+    ``max`` is the largest over its cases and repeats; a case's verdict on an
+    output is true only if it passed in every repeat that compared it.  So
+    where every case that recorded the group's output (``specs`` of its dtype
+    and feature) passed it, the group's ``max``, and with it every lower
+    quantile, is at most the threshold.  A baseline saying otherwise was not
+    recorded by fa2-verify: gating against its inflated quantiles would let a
+    regression of that size through.  (The converse does not hold: a failure
+    can be a non-finite element with a small normalized error.)  Call it after
+    :func:`require_coverage`, which maps every case of ``specs`` to its verdict.
+    """
+    members: dict[tuple[str, str, str], list[bool]] = {}
+    for spec in specs:
+        for output, passed in baseline.cases[spec.name].outputs.items():
+            members.setdefault((spec.dtype, output, spec.feature()), []).append(passed)
+    for key, group in baseline.groups.items():
+        threshold, largest = THRESHOLDS[group.output], group.quantiles["normalized"]["max"]
+        verdicts = members.get(key, [])
+        if verdicts and all(verdicts) and largest > threshold:
+            raise ValueError(
+                f"groups[{group.where}].quantiles.normalized.max={largest!r}: above the pass threshold "
+                f"{threshold:g}, yet all {len(verdicts)} case(s) of the group passed {group.output}"
+            )
 
 
 def load_baseline(path: str | pathlib.Path) -> Baseline:

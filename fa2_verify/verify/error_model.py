@@ -101,23 +101,31 @@ def _is_count(value: Any, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
 
 
-def _size_by_seqlen_q(value: Any, seqlen_q: int) -> int | None:
-    """A declared block size for ``seqlen_q``: an int, or the last ``[from_seqlen_q, size]`` pair that applies.
+def _size_problem(value: Any) -> str | None:
+    """Why ``value`` is not a declared size (a positive int, or ``[from_seqlen_q, size]`` pairs with
+    increasing ``from_seqlen_q``, the first 0, each a non-bool int); None if it is one."""
+    if _is_count(value, 1):
+        return None
+    if isinstance(value, bool):
+        return "is a bool, not a positive int"
+    if not isinstance(value, (list, tuple)):
+        return "is not a positive int or a list of [from_seqlen_q, size] pairs"
+    if not value:
+        return "is an empty list of [from_seqlen_q, size] pairs"
+    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value):
+        return "holds an item that is not a [from_seqlen_q, size] pair"
+    if not all(_is_count(start, 0) and _is_count(size, 1) for start, size in value):
+        return "holds a pair that is not [int >= 0, int >= 1]"
+    starts = [start for start, _ in value]
+    if starts[0] != 0 or any(a >= b for a, b in zip(starts, starts[1:])):
+        return "has from_seqlen_q values that do not rise from 0"
+    return None
 
-    None if ``value`` is neither (a positive int; pairs with increasing
-    ``from_seqlen_q``, the first 0).
-    """
+
+def _size_by_seqlen_q(value: Any, seqlen_q: int) -> int:
+    """A declared block size for ``seqlen_q`` (valid by :func:`_size_problem`): the int, or the last pair that applies."""
     if _is_count(value, 1):
         return value
-    if not isinstance(value, (list, tuple)) or not value:
-        return None
-    if not all(isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in value):
-        return None
-    starts = [start for start, _ in value]
-    if not all(_is_count(start, 0) and _is_count(size, 1) for start, size in value):
-        return None
-    if starts[0] != 0 or any(a >= b for a, b in zip(starts, starts[1:])):
-        return None
     return [size for start, size in value if start <= seqlen_q][-1]
 
 
@@ -146,24 +154,45 @@ class PartialSums:
     CONFIG_KEY = "partial_sums"
 
     @classmethod
-    def of(cls, config: Mapping[str, Any], device: torch.device | str, seqlen_q: int) -> "PartialSums":
-        """The partial sums a kernel's ``config()`` declares for ``device``'s type at ``seqlen_q`` (none: FA2's)."""
+    def validate(cls, config: Mapping[str, Any]) -> None:
+        """A one-line :class:`KernelLoadError` naming the first field of ``config``'s declaration
+        (:data:`CONFIG_KEY`) that is not ``{device type: {field: size}}``: a device type other than cpu or
+        cuda, a field other than ``dkv_rows``, ``dq_keys``, ``out_splits``, a size that is not a positive int
+        (bools and floats are not) or a table of ``[from_seqlen_q, size]`` pairs from 0 in increasing order."""
         declared = config.get(cls.CONFIG_KEY, {})
-        fields = {field.name for field in dataclasses.fields(cls)}
-        valid = isinstance(declared, Mapping) and all(
-            device_type in ("cpu", "cuda")
-            and isinstance(blocks, Mapping)
-            and set(blocks) <= fields
-            and all(_size_by_seqlen_q(size, 0) is not None for size in blocks.values())
-            for device_type, blocks in declared.items()
-        )
-        if not valid:
+        problem = cls._problem(declared, f"config()[{cls.CONFIG_KEY!r}]")
+        if problem is not None:
             raise KernelLoadError(
                 f"config()[{cls.CONFIG_KEY!r}]={declared!r} is not a mapping of device type (cpu, cuda) to "
                 "{'dkv_rows': size, 'dq_keys': size, 'out_splits': count}, each a positive int or a list of "
-                "[from_seqlen_q, size] pairs from 0 in increasing order"
+                f"[from_seqlen_q, size] pairs from 0 in increasing order: {problem}"
             )
-        blocks = declared.get(torch.device(device).type, {})
+
+    @classmethod
+    def _problem(cls, declared: Any, path: str) -> str | None:
+        """The first field of ``declared`` (at ``path``) that :meth:`validate` refuses, and why; None if none."""
+        if not isinstance(declared, Mapping):
+            return f"{path} is {type(declared).__name__}, not a mapping"
+        fields = [field.name for field in dataclasses.fields(cls)]
+        for device_type, blocks in declared.items():
+            where = f"{path}[{device_type!r}]"
+            if device_type not in ("cpu", "cuda"):
+                return f"{where}: {device_type!r} is not a device type"
+            if not isinstance(blocks, Mapping):
+                return f"{where}={blocks!r} is not a mapping of field to size"
+            for name, size in blocks.items():
+                if name not in fields:
+                    return f"{where}[{name!r}] is not a field (use {', '.join(fields)})"
+                if _size_problem(size) is not None:
+                    return f"{where}[{name!r}]={size!r} {_size_problem(size)}"
+        return None
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any], device: torch.device | str, seqlen_q: int) -> "PartialSums":
+        """The partial sums a kernel's ``config()`` declares for ``device``'s type at ``seqlen_q`` (none: FA2's);
+        a declaration :meth:`validate` refuses is its one-line :class:`KernelLoadError`."""
+        cls.validate(config)
+        blocks = config.get(cls.CONFIG_KEY, {}).get(torch.device(device).type, {})
         return cls(**{name: _size_by_seqlen_q(size, seqlen_q) for name, size in blocks.items()})
 
 
@@ -331,8 +360,9 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     * (8b) dQ partials  with ``partials.dq_keys``, (8) gains ``u scale sum_b |S^dQ_b,ic| + eta (C_i - 1)``,
       ``C_i`` the key blocks row ``i`` sees (:func:`_key_block_partials`)
     * (9b) dK partials  as (7b), ``u scale sum_(h,b) |S^dK_hb,jc| + eta (G R_j - 1)``
-    * (2b) split-KV     with ``partials.out_splits`` = S > 1, (2) gains ``(u + u_w + 2 gamma_S + u_a) sum_j P_ij |V_jc|
-      + eta``, ``u_w = u_f + u_a (2 M_i + 2 ln n_i + 1)`` the error of a split's float32 weight
+    * (2b) split-KV     with ``partials.out_splits`` = S > 1, (2) gains ``(u + u_w + 2 gamma_(S_i) + u_a) sum_j P_ij |V_jc|
+      + eta``, ``u_w = u_f + u_a (2 M_i + 2 ln n_i + 1)`` the error of a split's float32 weight,
+      ``S_i = min(S, n_i)`` the splits row ``i``'s keys can fill
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``, ``certified_bound`` at most
       ``golden.api.MAX_CERTIFIED_BOUND["fast"]`` (2**-40), else ``GoldenError``.
@@ -427,7 +457,10 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                 if partials.out_splits is not None and partials.out_splits > 1:
                     # (2b)
                     weight_error = u_f + u_a * (2 * row_max + 2 * torch.log(n.clamp(min=1))[:, None] + 1)
-                    b_out = b_out + (u + weight_error + 2 * gamma(partials.out_splits) + u_a) * pv + eta
+                    # a row that sees n_i keys fills at most n_i of the declared splits (empty ones weigh 0
+                    # exactly), so a declaration beyond the case's keys widens nothing
+                    filled = gamma(n.clamp(max=partials.out_splits))[:, None]
+                    b_out = b_out + (u + weight_error + 2 * filled + u_a) * pv + eta
                 bound_out[b, rows, heads] = b_out.transpose(0, 1)
                 # (3)
                 b_lse = (

@@ -29,7 +29,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline, require_coverage
+from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline, require_consistent_verdicts, require_coverage
 from fa2_verify.verify.results import device_name
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, UsageError
@@ -132,7 +132,9 @@ def check_compatible(
     :class:`UsageError` naming it, not a baseline mismatch), then the identity
     (kernel, device, corpus, dtypes), then the coverage
     (:func:`verify.baseline.require_coverage`): a verdict for every case and a
-    group for every output those cases compared.
+    group for every output those cases compared, and last that no group's
+    quantiles contradict its cases' verdicts
+    (:func:`verify.baseline.require_consistent_verdicts`).
     """
     selected = corpus.select(dtypes)
     expected = {
@@ -151,6 +153,10 @@ def check_compatible(
         require_coverage(baseline, selected)
     except ValueError as exc:
         raise BaselineError(f"--baseline={source} does not cover this run ({exc}): {fix}") from None
+    try:
+        require_consistent_verdicts(baseline, selected)
+    except ValueError as exc:
+        raise BaselineError(f"--baseline={source} contradicts itself ({exc}): {fix}") from None
 
 
 def _percent(before: float, after: float) -> str:

@@ -24,6 +24,7 @@ import torch
 
 from fa2_verify.core.contract import DEVICE_TYPES, Capabilities
 from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError, UsageError
+from fa2_verify.verify import kernel_config
 from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
 
 #: short name -> "module:attr" of the bundled targets.
@@ -90,11 +91,16 @@ class LoadedKernel:
         return reason
 
     def config(self) -> dict[str, Any]:
-        """Settings a run records to be reproducible (block sizes, versions...)."""
+        """Settings a run records to be reproducible (block sizes, versions...), checked by
+        :func:`verify.kernel_config.validate` (a one-line :class:`KernelLoadError` naming the key path)."""
         describe = getattr(self.target, "config", None)
         settings = self.call_hook("config()", describe) if describe is not None else {}
         if not isinstance(settings, Mapping):
             raise KernelLoadError(f"kernel {self.name!r}: config() returned {type(settings).__name__}, expected a dict")
+        try:
+            kernel_config.validate(settings)
+        except KernelLoadError as exc:
+            raise KernelLoadError(f"kernel {self.name!r}: {exc}") from None
         return dict(settings)
 
 

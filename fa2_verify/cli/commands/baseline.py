@@ -7,8 +7,8 @@ corpus N times and stores the spread of each quantile as its jitter, which the
 gate adds to its margin (for kernels whose results vary from run to run, such
 as a backward with atomic dQ accumulation).  Exit status: 0 once written, 2 for
 bad arguments or an ``--out`` that cannot be written (checked before any case
-runs: it exists without ``--overwrite``, is a directory, or its parent is not a
-writable directory), and 2 without writing anything when no corpus case ran
+runs: it exists without ``--overwrite``, is a directory, its parent is not a
+writable directory, it is a symlink loop or it is the ``--corpus`` file), and 2 without writing anything when no corpus case ran
 (all unsupported, or all errors) or when no case ran of a dtype that
 ``--dtypes`` names.
 """
@@ -23,7 +23,8 @@ from fa2_verify.cli.commands.corpus import add_corpus_option
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import Corpus, load_corpus
 from fa2_verify.core.errors import UsageError
-from fa2_verify.verify.atomic import check_writable
+from fa2_verify.verify.atomic import check_outputs
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("baseline", help="record a kernel's baseline on the gate corpus")
@@ -84,7 +85,7 @@ def format_groups(baseline: baselines.Baseline) -> str:
 def handle(args) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats={args.repeats} is not valid: use a positive integer")
-    check_writable(args.out, overwrite=args.overwrite, flag="--out")
+    check_outputs({"--out": args.out}, overwrite=args.overwrite, inputs={"--corpus": args.corpus})
     kernel = resolve_target(args.kernel, args.device)
     corpus = load_corpus(args.corpus)
     baseline = baselines.record(

@@ -13,6 +13,7 @@ import dataclasses
 import pathlib
 
 from fa2_verify.cli.commands.repro import parse_case
+from fa2_verify.verify.atomic import check_outputs
 from fa2_verify.verify.corpus import DEFAULT_PATH, load_corpus, save_corpus
 
 
@@ -53,6 +54,7 @@ def handle_list(args) -> int:
 
 
 def handle_add(args) -> int:
+    check_outputs({"--corpus": args.corpus}, overwrite=True)  # rewritten in place, so it must be writable
     corpus = load_corpus(args.corpus)
     spec = parse_case(args.case)
     if args.name:

@@ -89,7 +89,11 @@ def margins(args) -> gate.Margins:
 
 def handle(args) -> int:
     chosen_margins = margins(args)
-    check_outputs({"--out": args.out, "--markdown": args.markdown}, overwrite=args.overwrite)
+    check_outputs(
+        {"--out": args.out, "--markdown": args.markdown},
+        overwrite=args.overwrite,
+        inputs={"--baseline": args.baseline, "--corpus": args.corpus},
+    )
     baseline = baselines.load_baseline(args.baseline)
     corpus = load_corpus(args.corpus)
     dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))
