@@ -15,6 +15,7 @@ import pytest
 from fa2_verify.cli import main as cli
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
+from fa2_verify.core.varlen import VarlenSpec, spec_from_dict
 from fa2_verify.verify.corpus import load_corpus, save_corpus
 
 GOOD = CaseSpec(batch=1, seqlen_q=5, seqlen_k=7, heads_q=4, heads_kv=2, head_dim=8, dtype="float32", name="good")
@@ -67,6 +68,12 @@ def spec_with(**changes) -> dict:
         pytest.param(spec_with(softmax_scale=float("inf")), "softmax_scale=inf: must be finite", id="scale-inf"),
         pytest.param(spec_with(softmax_scale=float("nan")), "softmax_scale=nan: must be finite", id="scale-nan"),
         pytest.param(spec_with(softmax_scale=True), "softmax_scale=True: must be a number", id="scale-bool"),
+        pytest.param(spec_with(softmax_scale=1e300), "softmax_scale=1e+300: must be in [2**-16, 16]", id="scale-1e300"),
+        pytest.param(spec_with(softmax_scale=10**400), "must be finite and > 0", id="scale-401-digits"),
+        pytest.param(spec_with(softmax_scale=17), "softmax_scale=17: must be in [2**-16, 16]", id="scale-above-16"),
+        pytest.param(spec_with(softmax_scale=2.0**-17), "must be in [2**-16, 16]", id="scale-below-2^-16"),
+        pytest.param(spec_with(batch=2**63), f"batch={2**63}: must be an integer >= 1 and < 2**63", id="batch-2^63"),
+        pytest.param(spec_with(window_size=[2**63, 0]), "window_size=[", id="window-2^63"),
         pytest.param(
             spec_with(generator="gauss"),
             "generator='gauss': is not a value generator",
@@ -92,6 +99,24 @@ def test_a_bad_spec_is_one_line_naming_the_field(record, message):
     assert "\n" not in str(raised.value)
 
 
+@pytest.mark.parametrize("scale", [2.0**-16, 0.3, 16, 16.0])
+def test_a_scale_in_the_range_is_accepted(scale):
+    assert CaseSpec.from_dict(spec_with(softmax_scale=scale)).softmax_scale == float(scale)
+
+
+@pytest.mark.parametrize("seqlens", [5, [5], [[5]], [[5, True]], [[5, -1]], [[5, 7.0]], "5,7", [[5, 7], None]])
+def test_varlen_seqlens_must_be_pairs_of_lengths(seqlens):
+    record = spec_with(batch=len(seqlens) if isinstance(seqlens, list) else 1, seqlens=seqlens)
+    with pytest.raises(UsageError) as raised:
+        spec_from_dict(record)
+    assert str(raised.value).startswith(f"seqlens={seqlens!r}: must be a list of [seqlen_q, seqlen_k] pairs")
+
+
+def test_valid_varlen_seqlens_build_a_packed_batch():
+    spec = spec_from_dict(spec_with(batch=2, seqlens=[[5, 7], [0, 3]]))
+    assert isinstance(spec, VarlenSpec) and spec.seqlens == ((5, 7), (0, 3))
+
+
 def test_a_valid_spec_round_trips_and_an_integer_scale_is_taken_as_a_float():
     spec = CaseSpec.from_dict(spec_with(softmax_scale=2, window_size=[3, -1], seed=2**64 - 1))
     assert spec.softmax_scale == 2.0 and isinstance(spec.softmax_scale, float)
@@ -107,6 +132,8 @@ def test_a_valid_spec_round_trips_and_an_integer_scale_is_taken_as_a_float():
         pytest.param({"backward": "no"}, "backward='no'", id="backward"),
         pytest.param({"softmax_scale": -1.0}, "softmax_scale=-1.0", id="scale"),
         pytest.param({"seqlen_q": True}, "seqlen_q=True", id="bool-size"),
+        pytest.param({"softmax_scale": 1e300}, "softmax_scale=1e+300", id="scale-1e300"),
+        pytest.param({"seqlens": 5}, "seqlens=5", id="seqlens-not-a-list"),
     ],
 )
 def test_repro_and_corpus_add_refuse_a_bad_spec_in_one_line(changes, field, tmp_path, capsys):

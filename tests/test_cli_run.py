@@ -377,7 +377,7 @@ def test_repro_of_a_failure_exits_1_with_its_description():
 
 @pytest.mark.parametrize(
     "case, message",
-    [("{not json", "--case is not valid JSON"), ("[1, 2]", "--case: case spec is a list, expected a JSON object"),
+    [("{not json", "--case: not valid JSON"), ("[1, 2]", "--case: case spec is a list, expected a JSON object"),
      ('{"batch": 1}', "--case: case spec lacks the required fields"), ('{"colour": 1}', "unknown fields ['colour']")],
 )
 def test_repro_rejects_a_bad_case_in_one_line(case, message):

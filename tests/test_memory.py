@@ -1,4 +1,5 @@
-"""The size guard: every entry refuses a case too large for the machine before allocating it, in one line.
+"""The size guard: every entry refuses a case too large for the machine, or whose golden would run longer than
+its limit, before allocating it, in one line.
 
 The estimate itself (:mod:`fa2_verify.verify.memory`) is checked against what
 a 128k-token case must not count: a float64 ``seqlen_q x seqlen_k`` matrix in
@@ -18,13 +19,16 @@ from hypothesis.errors import Unsatisfiable
 from fa2_verify.cli import main as cli
 from fa2_verify.cli.commands import repro
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.contract import visible_mask
 from fa2_verify.core.errors import CaseTooLarge
-from fa2_verify.properties import verdicts
+from fa2_verify.properties import plugin, verdicts
 from fa2_verify.properties import profiles
 from fa2_verify.properties.session import Suite
-from fa2_verify.verify import check, memory
+from fa2_verify.verify import check, golden_time, memory
 from fa2_verify.verify.check import run_cases
-from fa2_verify.verify.corpus import Corpus, save_corpus
+from fa2_verify.verify.corpus import Corpus, load_corpus, save_corpus
+from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.registry import load_kernel
 
 SMALL = CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, dtype="float32", name="small")
@@ -34,13 +38,18 @@ LONG = CaseSpec(
 WIDE = CaseSpec(batch=10**8, seqlen_q=16, seqlen_k=16, heads_q=1, heads_kv=1, head_dim=64, dtype="float16", name="wide")
 
 
-def _refused(message: str, spec: CaseSpec) -> bool:
-    """One line naming the case and its shape, the estimate, the free memory and the fix."""
+#: What a refusal for memory says besides the case: the estimate, the free memory and the fix.
+MEMORY_REFUSAL = ("needs about", "is free: use a smaller")
+#: What a refusal for time says besides the case: the estimated seconds, the limit and the option that raises it.
+TIME_REFUSAL = ("s of golden and comparison on cpu", "over the limit of", "--max-golden-seconds")
+
+
+def _refused(message: str, spec: CaseSpec, parts: tuple[str, ...] = MEMORY_REFUSAL) -> bool:
+    """One line naming the case and its shape, and the ``parts`` of its refusal."""
     message = message.removesuffix("\n")
     return (
         f"{spec.name} (batch={spec.batch}, seqlen_q={spec.seqlen_q}" in message
-        and "needs about" in message
-        and "is free: use a smaller" in message
+        and all(part in message for part in parts)
         and "\n" not in message
     )
 
@@ -68,17 +77,21 @@ def test_baseline_refuses_a_corpus_with_a_case_too_large(tmp_path, capsys):
     assert not (tmp_path / "b.json").exists()
 
 
-def test_the_property_suite_declines_a_case_too_large_with_the_estimate():
-    suite = Suite(load_kernel("reference"), "cpu", profiles.get("ci"))
+def _declined_reasons(suite: Suite, case: CaseSpec) -> list[str]:
+    """The reasons the property suite gives for declining every example of ``case`` (it must decline them all)."""
 
     @settings(max_examples=5, database=None)
-    @given(st.just(WIDE))
+    @given(st.just(case))
     def property_check(spec):
         verdicts.introduce(suite, spec)
 
     with pytest.raises(Unsatisfiable):
         property_check()
-    reasons = suite.take_observations()["unsupported"]
+    return suite.take_observations()["unsupported"]
+
+
+def test_the_property_suite_declines_a_case_too_large_with_the_estimate():
+    reasons = _declined_reasons(Suite(load_kernel("reference"), "cpu", profiles.get("ci")), WIDE)
     assert reasons and all(_refused(reason, WIDE) for reason in reasons)
 
 
@@ -102,3 +115,64 @@ def test_on_cuda_the_guard_reads_the_device_and_the_host_apart():
     stage = memory.estimate(LONG, "cuda").largest(on_cpu=False).name
     with pytest.raises(CaseTooLarge, match=rf"needs about .* on cuda \(at its {stage} stage\)"):
         memory.require_fits(LONG, "cuda")
+
+
+#: Fits in memory (its inputs are a few MiB) but its golden and comparison would take hours on any CPU.
+SLOW = CaseSpec(
+    batch=1, seqlen_q=200_000, seqlen_k=200_000, heads_q=1, heads_kv=1, head_dim=8, dtype="float16", name="slow"
+)
+
+
+def test_repro_refuses_a_case_whose_golden_would_run_for_hours(capsys, monkeypatch):
+    """The memory guard lets it through (a few MiB); the time estimate does not."""
+    assert memory.estimate(SLOW).combined < 2**30
+    monkeypatch.setattr(repro, "check_spec", lambda *args: pytest.fail("repro ran the case"))
+    assert cli.main(["repro", "--kernel", "reference", "--case", json.dumps(SLOW.to_dict())]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("fa2-verify: error: ") and _refused(error, SLOW, TIME_REFUSAL)
+    assert "over the limit of 600 s" in error
+
+
+def test_max_golden_seconds_moves_the_limit_both_ways(monkeypatch):
+    memory.require_fits(SLOW, "cpu", max_golden_seconds=10**7)
+    memory.require_fits(SMALL, "cpu")
+    with pytest.raises(CaseTooLarge) as raised:
+        memory.require_fits(SMALL, "cpu", max_golden_seconds=1e-12)
+    assert _refused(str(raised.value), SMALL, TIME_REFUSAL)
+    monkeypatch.setattr(check, "check_case", lambda *args, **kwargs: pytest.fail("a case ran"))
+    with pytest.raises(CaseTooLarge):
+        run_cases(load_kernel("reference"), [SMALL, SLOW], "cpu", max_golden_seconds=1.0)
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "soon"])
+def test_a_bad_max_golden_seconds_is_one_line(value, capsys):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["run", "--kernel", "reference", "--max-golden-seconds", value])
+    error = capsys.readouterr().err
+    assert raised.value.code == 2 and "--max-golden-seconds" in error and error.count("\n") == 1
+    with pytest.raises(pytest.UsageError, match="--fa2-max-golden-seconds"):
+        plugin._seconds_option(value)
+    assert plugin._seconds_option("90") == 90.0
+
+
+def test_the_property_suite_declines_a_case_over_its_time_limit():
+    suite = Suite(load_kernel("reference"), "cpu", profiles.get("ci"), max_golden_seconds=1e-12)
+    reasons = _declined_reasons(suite, SMALL)
+    assert reasons and all(_refused(reason, SMALL, TIME_REFUSAL) for reason in reasons)
+
+
+def test_the_case_sets_pass_the_time_guard_on_their_devices():
+    """The default limit refuses none of the fixed set, the corpus or the scale set of each device type
+    (``q-over-2^31`` on an H100, the largest: about 75 s of golden measured, docs/benchmarks.md)."""
+    for device, specs in [("cpu", FIXED_CASES + load_corpus().cases), *SCALE_CASES.items()]:
+        assert max(golden_time.estimate_seconds(spec, device) for spec in specs) < golden_time.DEFAULT_MAX_SECONDS / 10
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("window", [(-1, -1), (0, 0), (3, -1), (-1, 2), (2, 5), (40, 0)])
+@pytest.mark.parametrize("seqlens", [(0, 5), (1, 1), (7, 13), (13, 7), (16, 16)])
+def test_visible_pairs_counts_the_mask(seqlens, window, causal):
+    spec = CaseSpec(batch=1, seqlen_q=seqlens[0], seqlen_k=seqlens[1], heads_q=1, heads_kv=1, head_dim=8,
+                    dtype="float32", causal=causal, window_size=window)
+    mask = visible_mask(*seqlens, causal=causal, window_size=window)
+    assert golden_time.visible_pairs(spec) == int(mask.sum())

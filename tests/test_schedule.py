@@ -125,7 +125,7 @@ def test_a_durations_file_fills_in_the_tests_the_cache_has_not_recorded_and_is_n
     assert cache.values[schedule.CACHE_KEY] == {"triton cuda ci": {"test_g.py::test_b[float16]": [3.0, 4.0]}}
 
 
-@pytest.mark.parametrize(("content", "problem"), [(None, "cannot be read"), ("{", "is not JSON"),
+@pytest.mark.parametrize(("content", "problem"), [(None, "cannot read it"), ("{", "not valid JSON"),
                                                   ("[1, 2]", "is not a mapping of run keys")])
 def test_a_bad_durations_file_is_named_in_one_line(tmp_path, content, problem):
     path = tmp_path / "durations.json"

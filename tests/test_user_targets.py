@@ -40,6 +40,11 @@ BAD_CAPABILITIES = {
     "unknown-dtype": ({**CPU_FLOAT32, "dtypes": {"cpu": ["fp8"]}}, "dtypes['cpu']=['fp8'] is not valid"),
     "dtypes-as-string": ({**CPU_FLOAT32, "dtypes": {"cpu": "float32"}}, "dtypes['cpu']='float32' is not valid"),
     "dtypes-as-int": ({**CPU_FLOAT32, "dtypes": {"cpu": 16}}, "dtypes['cpu']=16 is not valid"),
+    "dtypes-nested-list": (
+        {**CPU_FLOAT32, "dtypes": {"cpu": [["float32"]]}}, "dtypes['cpu']=[['float32']] is not valid"
+    ),
+    "notes-as-int": ({**CPU_FLOAT32, "notes": 5}, "notes=5 is not valid: use a list of strings"),
+    "notes-null": ({**CPU_FLOAT32, "notes": None}, "notes=None is not valid: use a list of strings"),
     "device-head-dims-as-list": ({**CPU_FLOAT32, "device_head_dims": [64]}, "device_head_dims=[64] is not valid"),
     "dtypes-of-no-device-type": (
         {**CPU_FLOAT32, "dtypes": {"gpu": ["float16"]}}, "dtypes has the key 'gpu', not a device type: use cpu or cuda"

@@ -40,7 +40,7 @@ class CaseSpec:
 
     def __post_init__(self) -> None:
         for field in _FIELD_CHECKS:
-            _check_field(field, getattr(self, field))
+            check_field(field, getattr(self, field))
         for field in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "seed"):
             object.__setattr__(self, field, int(getattr(self, field)))
         object.__setattr__(self, "window_size", tuple(int(side) for side in self.window_size))
@@ -120,6 +120,26 @@ class CaseSpec:
 #: Largest seed + 1: ``torch.Generator.manual_seed`` takes a 64-bit unsigned seed.
 SEED_LIMIT = 2**64
 
+#: Largest size + 1: a tensor dimension is a signed 64-bit integer in PyTorch.
+SIZE_LIMIT = 2**63
+
+#: The range of ``softmax_scale``, both ends included: [2^-16, 2^4].
+#:
+#: The logits are ``scale * q.k``.  The value generators keep ``|q.k|`` below
+#: 2^16 before scaling (``dtype-overflow``, the largest, stops at 0.9 x 65504;
+#: the generators that aim at given logits divide q or k by the scale).  Far
+#: from overflow is not enough: the error model is first order in the
+#: rounding of the logits, which a kernel forms in float32 with an error of
+#: about ``u_32 |scale q.k| = 2^-24 * scale * 2^16``.  Up to 2^4 that stays
+#: below 2^-4 and the bounds hold (the ``reference`` kernel passes every
+#: generator there); at 2^6 ``dtype-overflow`` in float16 already fails the
+#: correct ``reference`` kernel, and at 1e300 the logits overflow float64 and
+#: the bounds are infinite.  Below 2^-16 the logits of the generators that do
+#: not divide by the scale stay below 2^-2, every row is nearly uniform and
+#: nothing more is tested.  Models use ``1/sqrt(head_dim)`` (2^-6 to 1),
+#: ``1/head_dim`` (down to 2^-10) or these times ``log2(e)``, all inside.
+SOFTMAX_SCALE_RANGE: tuple[float, float] = (2.0**-16, 2.0**4)
+
 
 def _is_int(value: Any) -> bool:
     """An integer (Python's or numpy's), not a bool: ``True`` is an int in Python but never a size.
@@ -129,20 +149,26 @@ def _is_int(value: Any) -> bool:
     return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
 
 
-def _check_field(field: str, value: Any) -> None:
-    """Raise ``UsageError("field=value: reason")`` unless ``value`` is valid for that :class:`CaseSpec` field."""
-    reason = _FIELD_CHECKS[field](value)
+def check_field(field: str, value: Any, check: Any = None) -> None:
+    """Raise ``UsageError("field=value: reason")`` unless ``value`` is valid for that field: by ``check``
+    (``value -> None`` if valid, else the reason) if given, else by the :class:`CaseSpec` field's own check."""
+    reason = (check or _FIELD_CHECKS[field])(value)
     if reason is not None:
         raise UsageError(f"{field}={value!r}: {reason}")
 
 
 def _size(minimum: int):
     def check(value: Any) -> str | None:
-        if not _is_int(value) or value < minimum:
-            return f"must be an integer >= {minimum}"
+        if not _is_int(value) or not minimum <= value < SIZE_LIMIT:
+            return f"must be an integer >= {minimum} and < 2**63"
         return None
 
     return check
+
+
+def is_length(value: Any) -> bool:
+    """A sequence length: an integer (not a bool) in [0, 2**63)."""
+    return _size(0)(value) is None
 
 
 def _flag(value: Any) -> str | None:
@@ -157,28 +183,39 @@ def _window(value: Any) -> str | None:
     if (
         isinstance(value, (list, tuple))
         and len(value) == 2
-        and all(_is_int(side) and side >= UNBOUNDED for side in value)
+        and all(_is_int(side) and UNBOUNDED <= side < SIZE_LIMIT for side in value)
     ):
         return None
     return "must be a (left, right) pair of integers >= -1, with -1 for an unbounded side"
 
 
 def _softmax_scale(value: Any) -> str | None:
-    """A positive finite number, or ``None`` for ``1/sqrt(head_dim)``.
+    """A finite number in :data:`SOFTMAX_SCALE_RANGE`, or ``None`` for ``1/sqrt(head_dim)``.
 
     Attention itself is defined for any real scale (a negative one is attention
     on ``-K``), but the error model's magnitudes (docs/error-model.md, eq. 1:
     ``scale * |Q| |K|^T``) and the adversarial generators (``sqrt(top / scale)``)
-    assume ``scale > 0``, so a non-positive scale is refused here, not half-checked.
+    assume ``scale > 0``, so a non-positive scale is refused here, not half-checked;
+    outside :data:`SOFTMAX_SCALE_RANGE` the error model's bounds no longer hold (its comment).
     """
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return "must be a number > 0, or null for 1/sqrt(head_dim)"
-    if not (math.isfinite(value) and value > 0):
+    low, high = SOFTMAX_SCALE_RANGE
+    try:
+        scale = float(value)
+    except OverflowError:
+        scale = math.inf
+    if not (math.isfinite(scale) and scale > 0):
         return (
             "must be finite and > 0, or null for 1/sqrt(head_dim) (the error model and the value generators "
             "assume a positive scale; for a negative one, negate k instead)"
+        )
+    if not low <= scale <= high:
+        return (
+            "must be in [2**-16, 16], or null for 1/sqrt(head_dim): beyond 16 the float32 rounding of the "
+            "logits scale * q.k leaves the error model's first-order bounds"
         )
     return None
 

@@ -203,7 +203,9 @@ class Capabilities:
         dtypes = {}
         for device, names in self.dtypes.items():
             _check_device_type("dtypes", device)
-            if not isinstance(names, (list, tuple)) or not all(name in DTYPES for name in names):
+            if not isinstance(names, (list, tuple)) or not all(
+                isinstance(name, str) and name in DTYPES for name in names
+            ):
                 raise _fail(f"dtypes[{device!r}]", names, f"use a list of names from {', '.join(DTYPES)}")
             dtypes[device] = tuple(names)
         object.__setattr__(self, "dtypes", dtypes)
@@ -222,7 +224,7 @@ class Capabilities:
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "use true or false")
-        if isinstance(self.notes, str) or not all(isinstance(note, str) for note in self.notes):
+        if not isinstance(self.notes, (list, tuple)) or not all(isinstance(note, str) for note in self.notes):
             raise _fail("notes", self.notes, "use a list of strings")
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "seqlen_multiple_of", _sides(self.seqlen_multiple_of))

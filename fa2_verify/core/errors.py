@@ -17,6 +17,17 @@ class UsageError(Fa2VerifyError):
     """A bad argument: the message names it, its value, and the fix."""
 
 
+class InputJsonError(UsageError):
+    """User-supplied JSON (a file or an option's value) that cannot be read, is not UTF-8, is not JSON,
+    or exceeds the bounds of :mod:`core.user_json`; ``source`` names the file or option, ``problem`` what
+    is wrong with it, and the message is ``"{source}: {problem}"``."""
+
+    def __init__(self, source: str, problem: str) -> None:
+        super().__init__(f"{source}: {problem}")
+        self.source = source
+        self.problem = problem
+
+
 class KernelLoadError(Fa2VerifyError):
     """A kernel target that cannot be found, imported, or lacks ``forward``."""
 
@@ -30,7 +41,8 @@ class DeviceUnavailable(Fa2VerifyError):
 
 
 class CaseTooLarge(Fa2VerifyError):
-    """A case whose estimated memory exceeds what its device or the host has free (``verify.memory``)."""
+    """A case whose estimated memory exceeds what its device or the host has free (``verify.memory``), or
+    whose estimated golden and comparison time exceeds the limit (``verify.golden_time``)."""
 
 
 class GoldenError(Fa2VerifyError):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.case import Case, CaseSpec, make_case
+from fa2_verify.core.case import Case, CaseSpec, check_field, is_length, make_case
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.layouts import to_layout
@@ -38,6 +38,7 @@ class VarlenSpec(CaseSpec):
     seqlens: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
+        check_field("seqlens", self.seqlens, _seqlens)
         object.__setattr__(self, "seqlens", tuple((int(seqlen_q), int(seqlen_k)) for seqlen_q, seqlen_k in self.seqlens))
         super().__post_init__()
         longest = (max(q for q, _ in self.seqlens), max(k for _, k in self.seqlens)) if self.seqlens else None
@@ -87,6 +88,15 @@ class VarlenSpec(CaseSpec):
 
     def describe(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
+
+
+def _seqlens(value: Any) -> str | None:
+    """A list of ``[seqlen_q, seqlen_k]`` pairs of lengths, one per sequence (the field check of ``seqlens``)."""
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(pair, (list, tuple)) and len(pair) == 2 and all(is_length(side) for side in pair) for pair in value
+    ):
+        return None
+    return "must be a list of [seqlen_q, seqlen_k] pairs of integers >= 0, one per sequence"
 
 
 def spec_from_dict(record: Any) -> CaseSpec:

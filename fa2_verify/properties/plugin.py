@@ -118,6 +118,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--dist worksteal orders the tests on them",
     )
     group.addoption(
+        "--fa2-max-golden-seconds",
+        default=None,
+        metavar="S",
+        help="decline, as unsupported, a drawn case whose golden and comparison are estimated to take longer "
+        "(default 600; the size guard, fa2_verify.verify.memory.require_fits)",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -179,11 +186,13 @@ def pytest_configure(config: pytest.Config) -> None:
     device = DEFAULT_DEVICE if device_option is None else device_option
     bounds_check = config.getoption("fa2_bounds_check")
     durations = config.getoption("fa2_durations")
+    max_golden_seconds = _seconds_option(config.getoption("fa2_max_golden_seconds"))
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
                                       ("--fa2-bounds-check", bounds_check or None),
-                                      ("--fa2-durations", durations)) if value is not None),
+                                      ("--fa2-durations", durations),
+                                      ("--fa2-max-golden-seconds", max_golden_seconds)) if value is not None),
             None,
         )
         if alone is not None:
@@ -200,6 +209,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "profile": profile_name,
         "dtypes": dtypes,
         "database_dir": database_dir,
+        "max_golden_seconds": max_golden_seconds,
     }
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(), "fa2-verify-summary")
@@ -211,6 +221,20 @@ def pytest_configure(config: pytest.Config) -> None:
         known = _durations_option(durations, key)
         config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED), known),
                                       _DURATION_LOG)
+
+
+def _seconds_option(text: str | None) -> float | None:
+    """``--fa2-max-golden-seconds``: a finite number of seconds > 0 (``None`` without the option)."""
+    if text is None:
+        return None
+    from argparse import ArgumentTypeError
+
+    from fa2_verify.verify.golden_time import positive_seconds
+
+    try:
+        return positive_seconds(text)
+    except ArgumentTypeError as exc:
+        raise _usage("--fa2-max-golden-seconds", text, str(exc)) from None
 
 
 def _durations_option(path: str | None, key: str) -> dict[str, list[float]]:
@@ -336,6 +360,7 @@ def fa2_suite(request: pytest.FixtureRequest):
         golden_options=GoldenOptions(cache_dir=shared_cache_dir(request.config.rootpath)),
         dtypes=options["dtypes"],
         inflight=inflight_of(request.config),
+        max_golden_seconds=options["max_golden_seconds"],
     )
 
 

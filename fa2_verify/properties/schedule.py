@@ -38,10 +38,11 @@ same idea), for the tests the cache has not recorded.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import statistics
 from typing import Any
+
+from fa2_verify.core.errors import InputJsonError
+from fa2_verify.core.user_json import read_json
 
 #: pytest's cache key of the recorded durations (``config.cache``; its first part names the plugin).
 CACHE_KEY = "fa2_verify/durations"
@@ -128,11 +129,9 @@ def durations_file(path: str, key: str) -> dict[str, list[float]]:
     """The durations of runs of ``key`` in ``path``, a file in the format of the cache's records (a copy of
     ``.pytest_cache/v/fa2_verify/durations``); ValueError naming what is wrong with the file."""
     try:
-        runs = json.loads(pathlib.Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot be read ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"is not JSON ({exc})") from None
+        runs = read_json(path, "--fa2-durations")
+    except InputJsonError as exc:
+        raise ValueError(exc.problem) from None
     if not isinstance(runs, dict):
         raise ValueError("is not a mapping of run keys to recorded durations (a copy of "
                          f"<cache>/v/{CACHE_KEY})")

@@ -64,6 +64,7 @@ class Suite:
     golden_options: Any = None
     dtypes: tuple[str, ...] | None = None
     inflight: InFlight | None = None
+    max_golden_seconds: float | None = None
     test: str = ""
     dtype: str | None = None
     #: The reproduction of the case the example runs now (:meth:`running`), "" between examples.

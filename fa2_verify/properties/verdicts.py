@@ -45,8 +45,9 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
     """Attach the case's one-line reproduction to the example (printed if it fails), and announce the case
     as the one this process runs (:meth:`Suite.running`: named even if the kernel kills the process).
 
-    A case larger than the memory free (:func:`verify.memory.require_fits`)
-    is declined before anything is allocated, counted as unsupported with the estimate.
+    A case larger than the memory free, or whose golden and comparison would take longer than
+    ``--fa2-max-golden-seconds`` (:func:`verify.memory.require_fits`), is declined before anything
+    is allocated, counted as unsupported with the estimate.
     On a CUDA device that has faulted before, the example ends at once
     (:func:`require_working_device`).
     """
@@ -54,7 +55,7 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
     suite.running(spec)
     note(f"reproduce: {suite.running_case}")
     try:
-        require_fits(spec, suite.device, suite.golden_options)
+        require_fits(spec, suite.device, suite.golden_options, suite.max_golden_seconds)
     except CaseTooLarge as exc:
         declined(suite, str(exc))
 

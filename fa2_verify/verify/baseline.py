@@ -47,7 +47,8 @@ from fa2_verify.core.contract import Capabilities
 from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.verify.corpus import Corpus
-from fa2_verify.core.errors import BaselineError
+from fa2_verify.core.errors import BaselineError, InputJsonError
+from fa2_verify.core.user_json import parse_json
 from fa2_verify.verify.error_model import THRESHOLDS
 from fa2_verify.verify.metrics import QUANTILES, encode_float
 from fa2_verify.verify.registry import LoadedKernel
@@ -362,13 +363,13 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
     if not path.is_file():
         raise BaselineError(f"--baseline={path} does not exist: {fix}")
     try:
-        record = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"--baseline={path} cannot be read ({exc}): {fix}") from None
-    except json.JSONDecodeError as exc:
-        raise BaselineError(
-            f"--baseline={path} is corrupt: not valid JSON ({exc.msg} at line {exc.lineno}): {fix}"
-        ) from None
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BaselineError(f"--baseline={path} cannot be read ({exc.strerror or exc}): {fix}") from None
+    try:
+        record = parse_json(data, f"--baseline={path}")
+    except InputJsonError as exc:
+        raise BaselineError(f"--baseline={path} is corrupt: {exc.problem}: {fix}") from None
     if isinstance(record, dict) and record.get("schema") == SCHEMA and record.get("schema_version") != SCHEMA_VERSION:
         raise BaselineError(
             f"--baseline={path} has schema_version={record.get('schema_version')!r}, this fa2-verify reads "
@@ -378,11 +379,6 @@ def load_baseline(path: str | pathlib.Path) -> Baseline:
         return baseline_from_dict(record)
     except ValueError as exc:
         raise BaselineError(f"--baseline={path} is corrupt ({exc}): {fix}") from None
-
-
-def _refuse_constant(constant: str) -> None:
-    """``json.loads`` hook: ``NaN`` and ``Infinity`` are not JSON, and a baseline written here never holds them."""
-    raise json.JSONDecodeError(f"{constant} is not strict JSON", constant, 0)
 
 
 def dumps(baseline: Baseline) -> str:
@@ -423,10 +419,18 @@ def write_baseline(baseline: Baseline, path: str | pathlib.Path, *, overwrite: b
 
 
 def measure(
-    kernel: LoadedKernel, corpus: Corpus, *, device: str, dtypes: tuple[str, ...] | None, golden_options: Any
+    kernel: LoadedKernel,
+    corpus: Corpus,
+    *,
+    device: str,
+    dtypes: tuple[str, ...] | None,
+    golden_options: Any,
+    max_golden_seconds: float | None = None,
 ) -> RunResult:
-    """Every corpus case of ``dtypes`` through ``kernel`` on ``device`` (:func:`verify.check.check_case`)."""
-    return run_cases(kernel, corpus.select(dtypes), device, golden_options=golden_options)
+    """Every corpus case of ``dtypes`` through ``kernel`` on ``device`` (:func:`verify.check.run_cases`)."""
+    return run_cases(
+        kernel, corpus.select(dtypes), device, golden_options=golden_options, max_golden_seconds=max_golden_seconds
+    )
 
 
 def _case_baseline(results: Sequence[CaseResult]) -> CaseBaseline:
@@ -491,11 +495,14 @@ def record(
     dtypes: tuple[str, ...] | None = None,
     repeats: int = 1,
     golden_options: Any = None,
+    max_golden_seconds: float | None = None,
 ) -> Baseline:
     """Measure ``kernel`` on the corpus ``repeats`` times and summarize it as a baseline."""
     chosen = tuple(sorted(dtypes)) if dtypes is not None else corpus.dtypes()
     runs = [
-        measure(kernel, corpus, device=device, dtypes=chosen, golden_options=golden_options) for _ in range(repeats)
+        measure(kernel, corpus, device=device, dtypes=chosen, golden_options=golden_options,
+                max_golden_seconds=max_golden_seconds)
+        for _ in range(repeats)
     ]
     return summarize(
         kernel, corpus, runs, device=device, dtypes=chosen, environment=collect_environment(kernel, device)

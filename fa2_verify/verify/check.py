@@ -190,17 +190,18 @@ def run_cases(
     *,
     golden_options: Any = None,
     starting: Callable[[int, CaseSpec], None] | None = None,
+    max_golden_seconds: float | None = None,
 ) -> RunResult:
     """:func:`check_spec` over ``specs`` on ``device``, with the run's config, environment and thresholds.
 
-    Every spec is first checked to fit in memory (:func:`verify.memory.require_fits`),
-    so a case too large is refused before any case runs.  ``starting(index, spec)``,
-    if given, is called before each case is built: a process that dies in the
-    kernel has then said which case it was on.
+    Every spec is first checked to fit in memory and in ``max_golden_seconds`` of golden and
+    comparison (:func:`verify.memory.require_fits`), so a case too large is refused before any
+    case runs.  ``starting(index, spec)``, if given, is called before each case is built: a
+    process that dies in the kernel has then said which case it was on.
     """
     specs = tuple(specs)
     for spec in specs:
-        memory.require_fits(spec, device, golden_options)
+        memory.require_fits(spec, device, golden_options, max_golden_seconds)
     cases = []
     for index, spec in enumerate(specs):
         if starting is not None:

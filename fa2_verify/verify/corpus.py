@@ -26,6 +26,7 @@ from typing import Any
 from fa2_verify.verify.atomic import write_text_atomic
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
+from fa2_verify.core.user_json import read_json
 
 #: Version of the corpus file layout (not of its contents: that is ``corpus_version``).
 SCHEMA_VERSION = 1
@@ -117,15 +118,7 @@ def corpus_from_dict(record: Any, *, source: str = "corpus") -> Corpus:
 
 def load_corpus(path: str | pathlib.Path = DEFAULT_PATH) -> Corpus:
     """Read and validate the corpus at ``path``."""
-    path = pathlib.Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"--corpus={path}: cannot read it ({exc.strerror or exc})") from None
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"--corpus={path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    record = read_json(path, f"--corpus={path}")
     return corpus_from_dict(record, source=f"--corpus={path}")
 
 

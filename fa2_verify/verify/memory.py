@@ -1,11 +1,13 @@
-"""The size guard: a case's memory, estimated from its spec before anything is allocated.
+"""The size guard: a case's memory, estimated from its spec before anything is allocated, and its time.
 
 Every entry that builds cases calls :func:`require_fits` first: ``run``,
 ``baseline`` and ``gate`` through :func:`verify.check.run_cases`, ``repro``,
 and the property suite (``properties.verdicts.introduce``).  A case larger
 than the memory free on its device (or in host RAM) is refused in one line
 that gives the estimate, where it goes, and the memory free, instead of a
-traceback or a kernel error after minutes of work.  :func:`estimate` is the
+traceback or a kernel error after minutes of work; so is a case whose
+golden and comparison would run longer than a limit
+(:mod:`verify.golden_time`, ``--max-golden-seconds``).  :func:`estimate` is the
 one model of a case's memory: the GPU scale set (:mod:`verify.scale_cases`)
 is sized by it and the ``scale`` property profile's per-example budget
 (``properties.cases.fit_budget``) cuts cases by it.
@@ -67,6 +69,7 @@ from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import CaseTooLarge
 from fa2_verify.golden.fast import BLOCK_ELEMENTS
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
+from fa2_verify.verify import golden_time
 from fa2_verify.verify.error_model import work_elements
 from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 
@@ -241,8 +244,15 @@ def _bytes(count: float) -> str:
     return f"{count:.4g} {units[index]}"
 
 
-def require_fits(spec: CaseSpec, device: str | torch.device, golden_options: GoldenOptions | None = None) -> None:
-    """Raise :class:`CaseTooLarge` when ``spec`` needs more memory than ``device`` (or the host) has free."""
+def require_fits(
+    spec: CaseSpec,
+    device: str | torch.device,
+    golden_options: GoldenOptions | None = None,
+    max_golden_seconds: float | None = None,
+) -> None:
+    """Raise :class:`CaseTooLarge` when ``spec`` needs more memory than ``device`` (or the host) has free, or
+    more golden and comparison time (:func:`verify.golden_time.estimate_seconds`) than ``max_golden_seconds``
+    (:data:`verify.golden_time.DEFAULT_MAX_SECONDS` when ``None``)."""
     device = torch.device(device)
     needed = estimate(spec, device, golden_options)
     label = spec.name or "the case"
@@ -264,3 +274,12 @@ def require_fits(spec: CaseSpec, device: str | torch.device, golden_options: Gol
                 f"{label} ({shape}) needs about {_bytes(amount)} on {where} (at its {stage} stage), "
                 f"{_bytes(free)} is free: {fix}"
             )
+    limit = golden_time.DEFAULT_MAX_SECONDS if max_golden_seconds is None else max_golden_seconds
+    seconds = golden_time.estimate_seconds(spec, device)
+    if seconds > limit:
+        raise CaseTooLarge(
+            f"{label} ({shape}{', forward and backward' if spec.backward else ', forward'}) needs about "
+            f"{seconds:.3g} s of golden and comparison on {device.type} ({golden_time.work_units(spec):.3g} units "
+            f"of work at {golden_time.RATES[device.type]:.3g}/s), over the limit of {limit:g} s: {fix}, or raise "
+            "--max-golden-seconds (--fa2-max-golden-seconds in the property suite)"
+        )

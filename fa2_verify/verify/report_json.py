@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 from fa2_verify import __version__
 from fa2_verify.verify.atomic import write_text_atomic
-from fa2_verify.core.errors import ReportError
+from fa2_verify.core.errors import InputJsonError, ReportError
+from fa2_verify.core.user_json import read_json
 from fa2_verify.verify.metrics import Distribution, OutputComparison, describe_failure, encode_float
 
 if TYPE_CHECKING:
@@ -198,11 +199,9 @@ def load_tolerance_report(path: str | pathlib.Path) -> dict[str, Any]:
     """Read a tolerance report, refusing other schemas with a one-line :class:`ReportError`."""
     path = pathlib.Path(path)
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ReportError(f"--tolerance={path}: cannot read it ({exc.strerror or exc})") from None
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"--tolerance={path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        record = read_json(path, f"--tolerance={path}")
+    except InputJsonError as exc:
+        raise ReportError(str(exc)) from None
     if not isinstance(record, dict) or record.get("schema") != SCHEMA or record.get("schema_version") != SCHEMA_VERSION:
         found = record.get("schema_version") if isinstance(record, dict) else None
         raise ReportError(

@@ -95,6 +95,7 @@ def handle(args) -> int:
         dtypes=parse_dtypes(args.dtypes),
         repeats=args.repeats,
         golden_options=golden_options(args),
+        max_golden_seconds=args.max_golden_seconds,
     )
     print(format_groups(baseline))
     statuses = [case.status for case in baseline.cases.values()]

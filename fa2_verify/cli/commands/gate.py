@@ -101,7 +101,8 @@ def handle(args) -> int:
     gate.check_compatible(
         baseline, kernel=args.kernel, device=args.device, corpus=corpus, dtypes=dtypes, source=str(args.baseline)
     )
-    current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args))
+    current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args),
+                               max_golden_seconds=args.max_golden_seconds)
     result = gate.compare(baseline, current, chosen_margins)
     print(gate.format_result(result, source=str(args.baseline)))
     if args.out is not None:

@@ -7,15 +7,15 @@ sequence compared (:func:`verify.check.check_spec`).  Prints the case's
 table row(s), every metric's quantiles per output, and the failure
 description of each failing output.  Exit status: 0 passed, 1 failed or the
 kernel raised, 2 (one line on stderr) for bad arguments, an unsupported case, or a
-case larger than the memory free (:func:`verify.memory.require_fits`, checked
-before anything is allocated).
+case larger than the memory free or whose golden and comparison would take
+longer than ``--max-golden-seconds`` (:func:`verify.memory.require_fits`,
+checked before anything is allocated).
 """
 
 from __future__ import annotations
 
-import json
-
 from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.user_json import parse_json
 from fa2_verify.core.varlen import spec_from_dict
 from fa2_verify.verify.check import check_spec
 from fa2_verify.verify.memory import require_fits
@@ -34,12 +34,7 @@ def add_parser(subparsers) -> None:
 def parse_case(text: str) -> CaseSpec:
     """The :class:`CaseSpec` (a packed batch's :class:`~core.varlen.VarlenSpec`) in ``text`` (JSON), or a
     one-line :class:`UsageError`."""
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"--case is not valid JSON ({exc.msg} at column {exc.colno}): pass a failure's case spec"
-        ) from None
+    record = parse_json(text, "--case")
     try:
         return spec_from_dict(record)
     except UsageError as exc:
@@ -70,7 +65,7 @@ def _details(result: CaseResult) -> list[str]:
 def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device)
     spec = parse_case(args.case)
-    require_fits(spec, args.device)
+    require_fits(spec, args.device, max_golden_seconds=args.max_golden_seconds)
     results = check_spec(kernel, spec, args.device)
     unsupported = next((result for result in results if result.status == "unsupported"), None)
     if unsupported is not None:

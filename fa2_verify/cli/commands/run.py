@@ -26,9 +26,11 @@ a ``--case`` that names no case of the set (the message lists the names), an
 output path that cannot be written (checked before any case runs: an
 existing report without ``--overwrite``, a directory, a parent that is not a
 writable directory), when no case of the set is supported (nothing
-verified), or when a case named by ``--case`` is unsupported (it was asked
+verified), when a case named by ``--case`` is unsupported (it was asked
 for and not verified; without ``--case`` an unsupported case is a row of
-the table, never a pass).
+the table, never a pass), or when a case is too large for the memory free or
+its estimated golden and comparison time exceeds ``--max-golden-seconds``
+(:func:`verify.memory.require_fits`, checked before any case runs).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from fa2_verify.verify.atomic import check_outputs, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
+from fa2_verify.verify.golden_time import DEFAULT_MAX_SECONDS, positive_seconds
 from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
 from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.metrics import describe_failure
@@ -133,9 +136,16 @@ def _seconds(value: float | None) -> str:
 
 
 def add_target_arguments(parser) -> None:
-    """``--kernel`` and ``--device``, shared with ``fa2-verify repro``."""
+    """``--kernel``, ``--device`` and ``--max-golden-seconds``, shared by every command that runs cases
+    (``run``, ``repro``, ``baseline``, ``gate``)."""
     parser.add_argument("--kernel", required=True, metavar="NAME", help="bundled short name or module:attr")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument(
+        "--max-golden-seconds", type=positive_seconds, default=DEFAULT_MAX_SECONDS, metavar="S",
+        help="refuse, before any case runs, a case whose golden and comparison are estimated to take longer "
+        f"(default {DEFAULT_MAX_SECONDS:g})",
+    )
+
 
 
 def resolve_target(kernel_name: str, device: str) -> LoadedKernel:
@@ -221,7 +231,8 @@ def handle(args) -> int:
     whole_set = case_set(args.cases, args.device)
     specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
     with bounds_checked() if args.bounds_check else contextlib.nullcontext():
-        run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec))
+        run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec),
+                        max_golden_seconds=args.max_golden_seconds)
     print(format_table(run.cases))
     for description in failure_descriptions(run.cases):
         print()
