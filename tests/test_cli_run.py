@@ -28,6 +28,7 @@ from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
 from fa2_verify.verify.results import CaseResult
 from tests import breakers, crashing
+from tests.helpers import ctrl_c_raises, default_sigint
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -234,7 +235,8 @@ def test_report_and_markdown_naming_one_file_are_refused_before_any_case_runs(tm
 
 
 def test_ctrl_c_during_a_kernel_stops_the_run_with_status_130():
-    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
+    with ctrl_c_raises():
+        code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
     assert code == 130 and "passed" not in stdout
     assert stderr.splitlines()[-1] == "fa2-verify: interrupted: nothing was verified to completion"
 
