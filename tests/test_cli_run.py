@@ -28,7 +28,7 @@ from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
 from fa2_verify.verify.results import CaseResult
 from tests import breakers, crashing
-from tests.helpers import ctrl_c_raises, default_sigint
+from tests.helpers import ctrl_c_raises
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -282,9 +282,10 @@ def test_a_kernel_that_kills_run_leaves_the_case_it_was_on_as_the_last_line():
     doomed = next(index for index, spec in enumerate(cases) if spec.head_dim == crashing.FATAL_HEAD_DIM)
     assert completed.returncode != 0 and completed.stdout == ""
     announced = [line for line in completed.stderr.splitlines() if line.startswith("fa2-verify: ")]
-    assert doomed > 0 and announced[-1] == (
+    assert doomed > 0 and announced[-2] == (
         f"fa2-verify: running case {doomed + 1} of {len(cases)}: {cases[doomed].name}"
     )
+    assert announced[-1].startswith("fa2-verify: error: the process running the kernel ended (signal 6, SIGABRT)")
 
 
 def test_unknown_kernel_is_one_line_exit_2():
