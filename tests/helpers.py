@@ -10,10 +10,13 @@ so a test can double one output's error exactly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import signal
 import subprocess
 import sys
+from typing import Iterator
 
 import pytest
 import torch
@@ -217,3 +220,24 @@ def run_inner_suite(directory: pathlib.Path) -> pathlib.Path:
     return results
 
 
+
+
+@contextlib.contextmanager
+def ctrl_c_raises() -> Iterator[None]:
+    """In the block, a SIGINT to this process raises ``KeyboardInterrupt``, as at an interactive shell.
+
+    A test that signals its own process must not depend on the disposition it
+    inherited: a background job of a non-interactive shell (``bash -c 'pytest &'``)
+    starts with SIGINT ignored, and Python then leaves it ignored.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` of a child a test signals: SIGINT back to its default before the exec, so that Python
+    installs its ``KeyboardInterrupt`` handler there whatever this process inherited (:func:`ctrl_c_raises`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import sys
 from typing import Any
 
@@ -260,6 +261,17 @@ class BackwardExits(Mutant):
         sys.exit(0)
 
 
+class CausalOsExits(Mutant):
+    """Ends the process: a launch wrapper whose causal path was not compiled in calls ``os._exit(0)``
+    on every causal forward (as a C++ ``exit(0)`` after printing "not built"), skipping every ``finally``
+    and handler, so a harness that does not stand in for ``os._exit`` ends with status 0, nothing reported."""
+
+    def forward(self, q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
+        if causal:
+            os._exit(0)
+        return super().forward(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+
+
 class DecodeIgnoresWindow(Mutant):
     """Decoding path without the window: with ``seqlen_q == 1`` the single query sees every key,
     its sliding window (left edge ``seqlen_k - 1 - left``) and causal mask dropped; longer queries are right."""
@@ -428,6 +440,7 @@ EMPTY_ROW_NAN = EmptyRowNan()
 MAX_FROM_ZERO = MaxFromZero()
 OUT_REWRITTEN_BY_BACKWARD = OutRewrittenByBackward()
 BACKWARD_EXITS = BackwardExits()
+CAUSAL_OS_EXITS = CausalOsExits()
 DECODE_IGNORES_WINDOW = DecodeIgnoresWindow()
 DETERMINISTIC_DQ_DROPS_LAST_BLOCK = DeterministicDqDropsLastBlock()
 LARGE_TILE_STALE_MAX = LargeTileStaleMax()

@@ -26,6 +26,7 @@ from fa2_verify.core.errors import GoldenError, ReportError, UnsupportedCase
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 from fa2_verify.verify.results import CaseResult
+from tests.helpers import ctrl_c_raises
 
 SPEC = CaseSpec(
     batch=1, seqlen_q=5, seqlen_k=9, heads_q=4, heads_kv=2, head_dim=32, dtype="float16", causal=True, seed=3
@@ -166,10 +167,11 @@ def test_kernel_errors_and_contract_violations_fail_the_case(reference, defect, 
 @pytest.mark.parametrize("defect", ["ctrl-c", "ctrl-c-swallowed"])
 def test_a_ctrl_c_during_the_kernel_stops_the_run(reference, defect):
     """A SIGINT that arrives while the kernel runs is the user's: it ends the run, whatever the kernel made of it."""
-    handler = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        _check(defect, reference)
-    assert signal.getsignal(signal.SIGINT) is handler
+    with ctrl_c_raises():
+        handler = signal.getsignal(signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            _check(defect, reference)
+        assert signal.getsignal(signal.SIGINT) is handler
 
 
 def test_backward_cannot_repair_the_forward_results(reference):

@@ -28,6 +28,7 @@ from fa2_verify.verify.registry import load_kernel
 from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
 from fa2_verify.verify.results import CaseResult
 from tests import breakers, crashing
+from tests.helpers import ctrl_c_raises
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -234,7 +235,8 @@ def test_report_and_markdown_naming_one_file_are_refused_before_any_case_runs(tm
 
 
 def test_ctrl_c_during_a_kernel_stops_the_run_with_status_130():
-    code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
+    with ctrl_c_raises():
+        code, stdout, stderr = _cli("run", "--kernel", "tests.test_cli_run:CTRL_C")
     assert code == 130 and "passed" not in stdout
     assert stderr.splitlines()[-1] == "fa2-verify: interrupted: nothing was verified to completion"
 
@@ -280,9 +282,10 @@ def test_a_kernel_that_kills_run_leaves_the_case_it_was_on_as_the_last_line():
     doomed = next(index for index, spec in enumerate(cases) if spec.head_dim == crashing.FATAL_HEAD_DIM)
     assert completed.returncode != 0 and completed.stdout == ""
     announced = [line for line in completed.stderr.splitlines() if line.startswith("fa2-verify: ")]
-    assert doomed > 0 and announced[-1] == (
+    assert doomed > 0 and announced[-2] == (
         f"fa2-verify: running case {doomed + 1} of {len(cases)}: {cases[doomed].name}"
     )
+    assert announced[-1].startswith("fa2-verify: error: the process running the kernel ended (signal 6, SIGABRT)")
 
 
 def test_unknown_kernel_is_one_line_exit_2():

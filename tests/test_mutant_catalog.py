@@ -1,8 +1,8 @@
 """The mutant catalog (tests/mutants.py) is what it claims: each mutant loads
 through the registry, documents its bug, and on a small deterministic case
 that triggers its bug differs from the reference by a lot or returns NaN
-(or, for a mutant that exits, exits).  Whether the verification catches them
-is the property suite's business."""
+(or, for a mutant that exits, exits: ``os._exit`` raises in the verifier).
+Whether the verification catches them is the property suite's business."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests import breakers, mutants
 from tests.naive import make_inputs, relative_error
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
+from fa2_verify.verify.user_code import KernelExited, UserCodeRaised, call_user_code
 
 #: Smallest max |mutant - reference| / max |reference| that counts as "differs by a lot".
 DEVIATION = 1e-2
@@ -45,6 +46,7 @@ TRIGGERS = {
     "EMPTY_ROW_NAN": ((1, 6, 3, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "causal": True}),
     "OUT_REWRITTEN_BY_BACKWARD": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "BACKWARD_EXITS": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
+    "CAUSAL_OS_EXITS": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "causal": True}),
     "DK_CHUNK_OFFSET": ((1, 20, 20, 2, 2, 160), torch.float32, {"softmax_scale": 0.3}),
     "DECODE_IGNORES_WINDOW": ((1, 1, 40, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "window_size": (5, 0)}),
     "DETERMINISTIC_DQ_DROPS_LAST_BLOCK": ((1, 20, 64, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "deterministic": True}),
@@ -75,8 +77,9 @@ TRIGGERS = {
 #: so it is off by about 2^-12 relative per skipped step (2^12 float32 unit roundoffs).
 SMALL_DEVIATIONS = {"SKIP_SMALL_RESCALE": 2.0**-14}
 
-#: Mutants whose bug is to raise SystemExit on their trigger case, not to compute wrong numbers.
-EXITING = {"BACKWARD_EXITS"}
+#: Mutants whose bug is to end the process on their trigger case, not to compute wrong numbers, with what
+#: their call raises in the verifier (``os._exit`` raises there, :mod:`verify.user_code`).
+EXITING = {"BACKWARD_EXITS": SystemExit, "CAUSAL_OS_EXITS": KernelExited}
 
 
 def test_catalog_is_complete() -> None:
@@ -117,11 +120,12 @@ def _run(kernel, trigger):
 
 @pytest.mark.parametrize("name", sorted(EXITING))
 def test_exiting_mutant_exits(name: str) -> None:
-    with pytest.raises(SystemExit):
-        _run(mutants.MUTANTS[name], TRIGGERS[name])
+    with pytest.raises(UserCodeRaised) as raised:
+        call_user_code(lambda: _run(mutants.MUTANTS[name], TRIGGERS[name]))
+    assert type(raised.value.raised) is EXITING[name]
 
 
-@pytest.mark.parametrize("name", sorted(set(TRIGGERS) - EXITING))
+@pytest.mark.parametrize("name", sorted(set(TRIGGERS) - set(EXITING)))
 def test_mutant_deviates_from_reference(name: str) -> None:
     """On its trigger case, some output of the mutant is NaN or off by more than DEVIATION."""
     expected = _run(DEFERRED, TRIGGERS[name])

@@ -42,6 +42,7 @@ def golden_options(pytestconfig) -> GoldenOptions:
 CATCHING_PROPERTY = {
     "ACC_IN_INPUT_DTYPE": "test_out_within_error_model",
     "BACKWARD_EXITS": "test_dq_within_error_model",
+    "CAUSAL_OS_EXITS": "test_out_within_error_model",
     "CAUSAL_SHIFT": "test_out_within_error_model",
     "DECODE_IGNORES_WINDOW": "test_out_within_error_model",
     "DELTA_FROM_ROUNDED": "test_dq_within_error_model",

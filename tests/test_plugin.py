@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
 
@@ -123,13 +122,19 @@ def test_bounds_check_fails_a_stray_read_that_passes_without_it(run, monkeypatch
                                   "*fa2-verify repro --kernel tests.stray_read:KERNEL*"])
 
 
-def test_a_kernel_that_exits_in_backward_fails_the_property_naming_it(run):
+@pytest.mark.parametrize(
+    "mutant, test, raised",
+    [("BACKWARD_EXITS", "test_dq_within_error_model", "backward raised SystemExit: 0"),
+     ("CAUSAL_OS_EXITS", "test_out_within_error_model", "forward raised KernelExited: the kernel called os._exit(0)")],
+    ids=["sys-exit", "os-exit"],
+)
+def test_a_kernel_that_exits_fails_the_property_naming_it(run, mutant, test, raised):
     result = run(
-        "--pyargs", "fa2_verify.properties", "-k", "test_dq_within_error_model",
-        "--fa2-kernel=tests.mutants:BACKWARD_EXITS", "--fa2-profile=ci", "--fa2-dtypes=float32",
+        "--pyargs", "fa2_verify.properties", "-k", test,
+        f"--fa2-kernel=tests.mutants:{mutant}", "--fa2-profile=ci", "--fa2-dtypes=float32",
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*tests.mutants:BACKWARD_EXITS.backward raised SystemExit: 0*", "*1 failed*"])
+    result.stdout.fnmatch_lines([f"*tests.mutants:{mutant}.{raised}*", "*1 failed*"])
     assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
 
 
@@ -244,7 +249,7 @@ def test_a_kernel_that_kills_the_process_is_named_with_its_case_and_fails_the_ru
         [sys.executable, "-m", "fa2_verify", "repro", "--kernel", CRASHING, "--case", json.dumps(case), "--device", "cpu"],
         capture_output=True, text=True, cwd=pytester.path, env=environment, timeout=120,
     )  # fmt: skip
-    assert replay.returncode == -signal.SIGABRT
+    assert replay.returncode == 1 and "the process running the kernel ended (signal 6, SIGABRT)" in replay.stderr
 
 
 LEAVES_A_RECORD = """
@@ -265,6 +270,48 @@ def test_a_record_left_when_the_session_ends_is_reported_and_fails_a_run_that_pa
     result.stdout.fnmatch_lines(
         ["*fa2-verify property suite*", "the process (main, pid *) died while running k on cpu in test_x, on this case: fa2-verify repro"]
     )
+
+
+EXITS_0 = """
+import ctypes
+
+def test_exits_0():
+    ctypes.CDLL(None)._exit(0)
+"""
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["finishes", "exits-0"])
+def test_a_session_writes_its_finished_file_only_if_it_finishes(run, pytester, monkeypatch, exits):
+    """``fa2-verify suite`` tells a pytest that exited 0 from one that finished by this file: a process ended
+    from C (no ``os._exit`` to stand in for) exits 0 without it."""
+    finished = pytester.path / "finished"
+    monkeypatch.setenv(plugin.FINISHED, str(finished))
+    pytester.makepyfile(test_it=EXITS_0 if exits else "def test_plain():\n    pass\n")
+    result = run()
+    assert result.ret == pytest.ExitCode.OK
+    assert finished.exists() is not exits
+
+
+WORKERS_EXIT_0 = """
+import ctypes
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workerinput"):
+        ctypes.CDLL(None)._exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_an_xdist_worker_that_exits_0_between_tests_fails_a_property_run(run, pytester):
+    """xdist replaces a worker that went down outside a test and reports no failure (exit 0); in a run of the
+    property suite it is one: the summary names it and the run exits 1."""
+    pytester.makeconftest(WORKERS_EXIT_0)
+    pytester.makepyfile(test_plain="def test_plain():\n    pass\n")
+    result = run("--fa2-kernel=reference", "-n", "1", "--max-worker-restart=0")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*fa2-verify property suite*",
+                                 "worker gw0 went down before the session ended (*): what it ran after its last "
+                                 "report was not verified"])
 
 
 def test_an_in_flight_record_lives_exactly_as_long_as_its_example(tmp_path):

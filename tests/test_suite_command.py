@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from fa2_verify import properties
+from fa2_verify.properties import plugin
 from fa2_verify.cli.main import build_parser, main
 from fa2_verify.cli.commands import suite
 from fa2_verify.cli.commands.suite import pytest_arguments
@@ -53,12 +54,44 @@ def test_a_passing_kernel_exits_0(tmp_path, monkeypatch, pytestconfig):
     assert main(["suite", "--kernel", "reference", "--profile", "ci", "--", "-q", "-p", "no:cacheprovider", "-k", "lse_within"]) == 0
 
 
+def _pytest_that(status: int, *, finishes: bool):
+    """A stand-in for ``subprocess.run`` of pytest: exits with ``status``, its session finished or not."""
+
+    def run(args, **kwargs):
+        if finishes:
+            pathlib.Path(kwargs["env"][plugin.FINISHED]).write_text("finished\n")
+        return subprocess.CompletedProcess(args, status)
+
+    return run
+
+
 @pytest.mark.parametrize("pytest_status, status", [(0, 0), (1, 1), (2, 2), (3, 2), (4, 2), (5, 2), (-11, 2)])
 def test_pytest_statuses_map_to_pass_fail_or_error(monkeypatch, capfd, pytest_status, status):
-    monkeypatch.setattr(suite.subprocess, "run", lambda *args, **kwargs: subprocess.CompletedProcess(args, pytest_status))
+    monkeypatch.setattr(suite.subprocess, "run", _pytest_that(pytest_status, finishes=True))
     assert main(["suite", "--kernel", "reference"]) == status
     err = capfd.readouterr().err
     if status == 2:
         assert err.count("\n") == 1 and f"pytest exited with status {pytest_status} (" in err and "nothing was verified" in err
     else:
         assert err == ""
+
+
+def test_a_pytest_that_exits_0_before_its_session_finished_fails_in_one_line(monkeypatch, capfd):
+    """A kernel that ended pytest's process with status 0 (no in-flight record reaches pytest's status)."""
+    monkeypatch.setattr(suite.subprocess, "run", _pytest_that(0, finishes=False))
+    assert main(["suite", "--kernel", "reference"]) == 1
+    err = capfd.readouterr().err
+    assert err.count("\n") == 1 and "pytest exited with status 0 before its session finished" in err
+
+
+
+@pytest.mark.slow
+def test_a_kernel_that_exits_0_from_c_fails_the_suite(tmp_path, monkeypatch, pytestconfig, capfd):
+    """tests/crashing.py ends pytest's process with status 0 on head_dim 40: the command fails in one line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(pytestconfig.rootpath))
+    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / ".fa2-golden-cache"))
+    argv = ["suite", "--kernel", "tests.crashing:EXITS_0_ON_HEAD_DIM_40", "--profile", "ci", "--dtypes", "float32",
+            "--", "-q", "-p", "no:cacheprovider", "-k", "test_dq_within_error_model"]
+    assert main(argv) == 1
+    assert "fa2-verify: error: pytest exited with status 0 before its session finished" in capfd.readouterr().err

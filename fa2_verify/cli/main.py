@@ -6,7 +6,10 @@ exposes ``add_parser(subparsers)`` (registering itself with
 printed as one line and exits 2; a kernel that fails verification exits 1.
 A Ctrl-C stops the run with one line and status 130 (128 + SIGINT, the
 shell's convention); a ``KeyboardInterrupt`` or ``SystemExit`` raised by the
-kernel itself never gets here (:mod:`verify.user_code`).
+kernel itself never gets here (:mod:`verify.user_code`).  The installed command
+runs :func:`main` in a child process that must report its status, so that a kernel that
+ends the process some other way cannot end the command with status 0
+(:mod:`cli.supervisor`).
 """
 
 from __future__ import annotations
@@ -59,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.handler(args) or 0)
     except Fa2VerifyError as exc:
         print(f"fa2-verify: error: {exc}", file=sys.stderr)
@@ -71,4 +74,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from fa2_verify.cli.supervisor import main as supervised
+
+    sys.exit(supervised())

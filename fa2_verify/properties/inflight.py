@@ -17,8 +17,10 @@ the session is over was left by a process that died during that example:
 * without xdist the process that dies is pytest itself, so the first record
   starts a watcher process (:func:`watch`) that waits for pytest to exit and
   then prints the records left behind on stderr.  pytest's exit status is
-  then the signal's (134 for an abort, 139 for a segfault), or whatever the
-  kernel passed to ``os._exit``.
+  then the signal's (134 for an abort, 139 for a segfault), or whatever a
+  native library passed to ``exit`` (a kernel's ``os._exit`` raises instead,
+  :mod:`verify.user_code`; ``fa2-verify suite`` fails a pytest that exits 0
+  before its session finished).
 
 Python's ``faulthandler`` (enabled by pytest) prints the dying process's
 traceback, which says where in the kernel it died; the record says on which

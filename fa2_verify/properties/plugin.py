@@ -36,6 +36,10 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   (:func:`pytest_configure_node`).  A file left when the session ends is
   reported in the terminal summary ("the process ... died while running ...")
   and fails the run; without xdist a watcher process prints it after pytest died.
+  A kernel's ``os._exit`` fails its example instead (:mod:`verify.user_code`).
+  Run by ``fa2-verify suite``, the session writes the file named by
+  :data:`FINISHED` as it ends, so a pytest that exits 0 without it (a kernel
+  ended the process some other way) fails the command.
 
 Importing this module is cheap: it is loaded into every pytest run, so torch,
 Hypothesis and the kernels are imported only when a property test needs them.
@@ -63,6 +67,9 @@ MARKER = "fa2_property"
 THREADS_ENV = "OMP_NUM_THREADS"
 #: The key of the session's in-flight directory in an xdist worker's ``workerinput``.
 INFLIGHT_DIR = "fa2_inflight_dir"
+#: The environment variable ``fa2-verify suite`` sets to a file the session writes as it ends (not on an xdist
+#: worker): a pytest that exits 0 without writing it died on the way.
+FINISHED = "FA2_VERIFY_SESSION_FINISHED"
 #: The key of the recorded test durations in an xdist worker's ``workerinput`` (:mod:`properties.schedule`).
 DURATIONS = "fa2_durations"
 
@@ -212,7 +219,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "max_golden_seconds": max_golden_seconds,
     }
     config.stash[_inflight_key] = _inflight(config)
-    config.pluginmanager.register(Summary(), "fa2-verify-summary")
+    config.pluginmanager.register(Summary(property_run=kernel_name is not None), "fa2-verify-summary")
     cache = getattr(config, "cache", None)
     if cache is None and durations is not None:
         raise pytest.UsageError("--fa2-durations needs pytest's cache: drop -p no:cacheprovider")
@@ -235,6 +242,13 @@ def _seconds_option(text: str | None) -> float | None:
         return positive_seconds(text)
     except ArgumentTypeError as exc:
         raise _usage("--fa2-max-golden-seconds", text, str(exc)) from None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session is over: write the file :data:`FINISHED` names, if set (not on an xdist worker)."""
+    finished = os.environ.get(FINISHED)
+    if finished and not hasattr(config, "workerinput"):
+        pathlib.Path(finished).write_text("finished\n")
 
 
 def _durations_option(path: str | None, key: str) -> dict[str, list[float]]:
@@ -466,10 +480,13 @@ def pytest_runtest_call(item: pytest.Item):
 
 class Summary:
     """Counts and worst cases gathered from test reports (on the xdist controller, from every worker),
-    and the processes that died in the kernel (their in-flight records, :mod:`properties.inflight`)."""
+    the processes that died in the kernel (their in-flight records, :mod:`properties.inflight`), and, in a
+    ``property_run`` (``--fa2-kernel`` given), the xdist workers that went down before the session ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, property_run: bool = False) -> None:
+        self.property_run = property_run
         self.died: list[Record] = []
+        self.workers_down: list[str] = []
         self.unsupported: dict[str, set[str]] = {}
         self.declined: dict[str, int] = {}
         self.examples = 0
@@ -505,8 +522,16 @@ class Summary:
             current = self.worst[key] = dict(record)
         current["examples"] = examples
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        """pytest-xdist, on the controller: a worker ended without finishing (``error``, e.g. "Not properly
+        terminated" for one that exited, with status 0 too) fails a property run, even between two tests."""
+        if error is not None and self.property_run:
+            self.workers_down.append(f"worker {node.gateway.id} went down before the session ended ({error})")
+
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any;
+        """Collect the records left behind (not on an xdist worker: its controller does) and fail the run if any,
+        or if a worker went down;
         a run whose property tests were all skipped as unsupported verified nothing, and does not exit 0 either
         (status 5, pytest's "nothing collected"), as ``fa2-verify run`` exits 2 when no case is supported."""
         if hasattr(session.config, "workerinput"):
@@ -514,7 +539,7 @@ class Summary:
         inflight = inflight_of(session.config)
         self.died = left_behind(inflight.directory)
         inflight.close()
-        if self.died and session.exitstatus == pytest.ExitCode.OK:
+        if (self.died or self.workers_down) and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if self.unsupported and not self.verified and session.exitstatus == pytest.ExitCode.OK:
             self.nothing_verified = True
@@ -522,6 +547,7 @@ class Summary:
 
     def lines(self) -> list[str]:
         lines = [record.message() for record in self.died]
+        lines += [f"{down}: what it ran after its last report was not verified" for down in self.workers_down]
         if self.nothing_verified:
             lines.append("nothing was verified: every property test was skipped as unsupported (exit status 5)")
         if self.examples:

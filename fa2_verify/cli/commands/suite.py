@@ -8,17 +8,21 @@ cache (``.fa2-golden-cache``) and the example database (``.fa2-examples``)
 land there.  Exit status: 0 when every property held, 1 when one failed,
 2 for a usage error or anything else pytest reports (interrupted, internal
 error, no test collected), with one line naming pytest's status, since
-nothing was verified.
+nothing was verified.  A pytest that exits 0 before its session finished
+(the plugin writes :data:`properties.plugin.FINISHED` as it ends) was ended
+by a kernel: one line, status 1.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 from fa2_verify.core.errors import Fa2VerifyError
-from fa2_verify.properties import profiles
+from fa2_verify.properties import plugin, profiles
 
 #: pytest exit codes that mean "the kernel passed" and "the kernel failed".
 _PASSED, _FAILED = 0, 1
@@ -58,7 +62,15 @@ _PYTEST_STATUSES = {2: "interrupted or collection errors", 3: "internal error", 
 
 
 def handle(args) -> int:
-    status = subprocess.run([sys.executable, "-m", "pytest", *pytest_arguments(args)], check=False).returncode
+    with tempfile.TemporaryDirectory(prefix="fa2-verify-suite-") as directory:
+        finished = pathlib.Path(directory) / "finished"
+        status = subprocess.run([sys.executable, "-m", "pytest", *pytest_arguments(args)], check=False,
+                                env={**os.environ, plugin.FINISHED: str(finished)}).returncode
+        ended_early = not finished.exists()
+    if status == _PASSED and ended_early:
+        print("fa2-verify: error: pytest exited with status 0 before its session finished: a kernel ended the "
+              "process; the line naming its case says where, nothing after it was verified", file=sys.stderr)
+        return _FAILED
     if status in (_PASSED, _FAILED):
         return status
     meaning = _PYTEST_STATUSES.get(status, f"killed by signal {-status}" if status < 0 else "unknown status")
