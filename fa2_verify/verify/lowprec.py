@@ -40,9 +40,8 @@ def naive_attention(case: Case) -> dict[str, torch.Tensor]:
         keys = k.repeat_interleave(group, dim=2)
         values = v.repeat_interleave(group, dim=2)
         logits = torch.einsum("bihc,bjhc->bhij", q, keys) * spec.scale
-        visible = visible_mask(
-            spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size, device=q.device
-        )
+        visible = visible_mask(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size,
+                               alignment=spec.causal_alignment, device=q.device)
         nonempty = visible.any(1, keepdim=True)
         # Rows without a visible key softmax over zeros (finite gradients) and are then zeroed.
         fill = torch.where(nonempty, float("-inf"), 0.0).to(logits.dtype)
