@@ -8,6 +8,16 @@
 * ``FORWARD_ONLY``: ``BHSD_NO_LSE``'s function declared without a backward
   (an inference kernel).
 
+The three adapters of docs/targets.md, "Verify your own kernel", exactly as
+printed there (between the ``# docs:`` markers; tests/test_conventions.py
+checks that the doc shows them unchanged):
+
+* ``SDPA``: PyTorch SDPA's argument names (``is_causal``, ``scale``), BHSD,
+  no LSE, MHA only, no windows, top-left causal masks.
+* ``WITH_LSE``: a forward-only kernel returning ``(out, lse)``.
+* ``CAUSAL_TOP_LEFT``: a causal-only kernel with top-left masks and the
+  Triton tutorial's positional ``sm_scale``.
+
 Loadable as ``tests.user_kernels:NAME`` by ``fa2-verify run`` and the property
 suite; nothing else adapts them.
 """
@@ -83,3 +93,51 @@ FORWARD_ONLY = fa2_verify.autograd_target(
     capabilities={"dtypes": {"cpu": ["float16", "float32"]}, "head_dims": [8, 16, 32, 40, 64], "window": False,
                   "backward": False},
 )
+
+
+# docs: sdpa
+def attn(q, k, v, is_causal=False, scale=None):  # the package's function, (batch, heads, seqlen, head_dim)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=scale)
+
+
+SDPA = fa2_verify.autograd_target(
+    attn,  # argnames found in its signature: is_causal, scale
+    layout="bhsd",  # no lse=...: the LSE is reported unsupported, never passed
+    capabilities={"dtypes": {"cpu": ["float16", "bfloat16", "float32"]}, "head_dims": [32, 40, 64],
+                  "gqa": False, "window": False, "causal_alignment": "top_left"},
+)
+# docs: end
+
+
+# docs: with-lse
+def attn_with_lse(q, k, v, causal=False, softmax_scale=None):  # (batch, seqlen, heads, head_dim)
+    mask = visible_mask(q.shape[1], k.shape[1], causal=causal)
+    scores = torch.einsum("bihd,bjhd->bhij", q.float(), k.float()) * softmax_scale
+    lse = torch.logsumexp(scores.masked_fill(~mask, -math.inf), dim=-1)  # (batch, heads, seqlen_q)
+    out = torch.einsum("bhij,bjhd->bihd", torch.exp(scores - lse[..., None]).masked_fill(~mask, 0), v.float())
+    return out.to(q.dtype), lse
+
+
+WITH_LSE = fa2_verify.autograd_target(
+    attn_with_lse,
+    lse=lambda returned: returned[1],
+    capabilities={"dtypes": {"cpu": ["float16", "bfloat16", "float32"]}, "head_dims": [32, 40, 64], "gqa": False,
+                  "window": False, "backward": False},
+)
+# docs: end
+
+
+# docs: causal-top-left
+def causal_attn(q, k, v, sm_scale):  # causal only; query i sees keys 0..i whatever the lengths
+    scores = (q.float() @ k.float().transpose(-1, -2)) * sm_scale
+    hidden = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).triu(1)
+    return (torch.softmax(scores.masked_fill(hidden, -math.inf), dim=-1) @ v.float()).to(q.dtype)
+
+
+CAUSAL_TOP_LEFT = fa2_verify.autograd_target(
+    causal_attn,
+    layout="bhsd",
+    capabilities={"dtypes": {"cpu": ["float16", "bfloat16", "float32"]}, "head_dims": [32, 40, 64],
+                  "causal_only": True, "causal_alignment": "top_left", "gqa": False, "window": False},
+)
+# docs: end

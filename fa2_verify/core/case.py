@@ -15,13 +15,26 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.contract import DTYPES, UNBOUNDED, Capabilities, effective_window
+from fa2_verify.core.contract import (
+    ALIGNMENTS,
+    BOTTOM_RIGHT,
+    DTYPES,
+    UNBOUNDED,
+    Capabilities,
+    effective_window,
+    visible_ranges,
+)
 from fa2_verify.core import values
 from fa2_verify.core.errors import UsageError
 
 
 @dataclasses.dataclass(frozen=True)
 class CaseSpec:
+    """One case (module docstring).  ``causal_alignment`` places the mask's diagonal when
+    ``seqlen_q != seqlen_k``: ``"bottom_right"``, the contract's, or ``"top_left"`` for a kernel that
+    declares it (:func:`core.contract.visible_ranges`); a record without the field is bottom-right, and
+    :meth:`to_dict` writes it only when top-left, so older records and reproductions read unchanged."""
+
     batch: int
     seqlen_q: int
     seqlen_k: int
@@ -37,6 +50,7 @@ class CaseSpec:
     backward: bool = True
     deterministic: bool = False
     name: str = ""
+    causal_alignment: str = BOTTOM_RIGHT
 
     def __post_init__(self) -> None:
         for field in _FIELD_CHECKS:
@@ -61,6 +75,29 @@ class CaseSpec:
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 
+    @property
+    def masked(self) -> bool:
+        """Whether the case has a causal mask or a window (a mask whose diagonal has an alignment)."""
+        return self.causal or tuple(self.window_size) != (UNBOUNDED, UNBOUNDED)
+
+    @property
+    def alignment_matters(self) -> bool:
+        """Whether the two alignments give this case different masks: it is masked, and its lengths
+        differ and are non-empty (equal lengths put both diagonals on ``j = i``)."""
+        return self.masked and self.seqlen_q != self.seqlen_k and min(self.seqlen_q, self.seqlen_k) > 0
+
+    def visible_ranges(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`core.contract.visible_ranges` of this case's lengths, mask and alignment."""
+        return visible_ranges(self.seqlen_q, self.seqlen_k, causal=self.causal, window_size=self.window_size,
+                              alignment=self.causal_alignment, device=device)
+
+    def aligned(self, alignment: str) -> "CaseSpec":
+        """This case under a kernel whose masks are ``alignment`` aligned: that alignment where it
+        changes the mask (:attr:`alignment_matters`), else the case itself."""
+        if self.alignment_matters and self.causal_alignment != alignment:
+            return dataclasses.replace(self, causal_alignment=alignment)
+        return self
+
     def feature(self) -> str:
         """The mask/head feature label reports group by: none, causal, window, plus gqa/mqa."""
         left, right = effective_window(self.causal, self.window_size)
@@ -84,6 +121,8 @@ class CaseSpec:
             head_dim=self.head_dim,
             causal=self.causal,
             window_size=self.window_size,
+            alignment=self.causal_alignment if self.alignment_matters else None,
+            custom_scale=self.softmax_scale is not None,
             heads_q=self.heads_q,
             heads_kv=self.heads_kv,
             backward=self.backward,
@@ -94,6 +133,8 @@ class CaseSpec:
     def to_dict(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)
         record["window_size"] = list(self.window_size)
+        if self.causal_alignment == BOTTOM_RIGHT:
+            del record["causal_alignment"]
         return record
 
     @classmethod
@@ -230,6 +271,10 @@ def _seed(value: Any) -> str | None:
     return None if _is_int(value) and 0 <= value < SEED_LIMIT else "must be an integer in [0, 2**64)"
 
 
+def _alignment(value: Any) -> str | None:
+    return None if value in ALIGNMENTS else f"must be one of {', '.join(ALIGNMENTS)}"
+
+
 def _name(value: Any) -> str | None:
     return None if isinstance(value, str) else "must be a string"
 
@@ -251,6 +296,7 @@ _FIELD_CHECKS = {
     "backward": _flag,
     "deterministic": _flag,
     "name": _name,
+    "causal_alignment": _alignment,
 }
 
 

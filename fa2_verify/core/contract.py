@@ -16,7 +16,8 @@ Layouts: ``q`` is (batch, seqlen_q, heads_q, head_dim); ``k`` and ``v`` are
 (batch, seqlen_k, heads_kv, head_dim); query head ``h`` reads kv head
 ``h // (heads_q // heads_kv)``.  ``out`` has q's shape and dtype; ``lse`` is
 float32 (batch, heads_q, seqlen_q), natural log.  Masks are bottom-right
-aligned (:func:`visible_mask`).  A row that sees no key has ``out = 0``,
+aligned (:func:`visible_mask`), or top-left for a kernel declaring
+``causal_alignment="top_left"``.  A row that sees no key has ``out = 0``,
 ``dq = 0`` and ``lse = ±inf``.
 """
 
@@ -31,6 +32,13 @@ import torch
 from fa2_verify.core.errors import UsageError
 
 UNBOUNDED = -1
+
+#: Where the diagonal of a causal or window mask lies when ``seqlen_q != seqlen_k``: the contract's
+#: bottom-right alignment (flash-attn >= 2.1: the last query sees the last key), or top-left (PyTorch
+#: SDPA's ``is_causal`` and many Triton kernels: query ``i`` sees key ``i``).
+BOTTOM_RIGHT = "bottom_right"
+TOP_LEFT = "top_left"
+ALIGNMENTS: tuple[str, ...] = (BOTTOM_RIGHT, TOP_LEFT)
 
 #: Why an LSE property or output is not checked for a kernel declaring ``lse=False``.
 NO_LSE_REASON = "kernel provides no LSE"
@@ -70,23 +78,39 @@ def effective_window(causal: bool, window_size: tuple[int, int]) -> tuple[int, i
     return int(left), int(right)
 
 
+def diagonal_shift(seqlen_q: int, seqlen_k: int, alignment: str = BOTTOM_RIGHT) -> int:
+    """The key on query 0's diagonal: ``seqlen_k - seqlen_q`` bottom-right aligned, 0 top-left."""
+    if alignment not in ALIGNMENTS:
+        raise UsageError(f"causal_alignment={alignment!r} is not an alignment: use {' or '.join(ALIGNMENTS)}")
+    return seqlen_k - seqlen_q if alignment == BOTTOM_RIGHT else 0
+
+
+def causal_prefix_keys(rows: int, seqlen_q: int, seqlen_k: int, alignment: str = BOTTOM_RIGHT) -> int:
+    """How many leading keys the first ``rows`` queries of a causal mask see between them, ``rows`` counted
+    from the top: ``min(rows + shift, seqlen_k)`` with ``shift`` the :func:`diagonal_shift`."""
+    return min(rows + diagonal_shift(seqlen_q, seqlen_k, alignment), seqlen_k)
+
+
 def visible_ranges(
     seqlen_q: int,
     seqlen_k: int,
     *,
     causal: bool = False,
     window_size: tuple[int, int] = (UNBOUNDED, UNBOUNDED),
+    alignment: str = BOTTOM_RIGHT,
     device: torch.device | str = "cpu",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, last)``, int64 (seqlen_q,): query ``i`` sees keys ``first[i] <= j <= last[i]``.
 
-    Bottom-right alignment (flash-attn >= 2.1): with ``shift = seqlen_k - seqlen_q``
-    query ``i`` sees key ``j`` iff ``i + shift - left <= j <= i + shift + right``
-    and ``0 <= j < seqlen_k``, where ``-1`` means unbounded on that side.  A row
-    with ``first > last`` sees no key.
+    The one definition of the masks.  With ``shift`` the :func:`diagonal_shift`
+    of ``alignment`` (bottom-right, flash-attn >= 2.1: ``seqlen_k - seqlen_q``;
+    top-left: 0) query ``i`` sees key ``j`` iff
+    ``i + shift - left <= j <= i + shift + right`` and ``0 <= j < seqlen_k``,
+    where ``-1`` means unbounded on that side.  A row with ``first > last``
+    sees no key.  The two alignments agree when ``seqlen_q == seqlen_k``.
     """
     left, right = effective_window(causal, window_size)
-    diagonal = torch.arange(seqlen_q, device=device) + (seqlen_k - seqlen_q)
+    diagonal = torch.arange(seqlen_q, device=device) + diagonal_shift(seqlen_q, seqlen_k, alignment)
     first = (diagonal - left).clamp(min=0) if left >= 0 else torch.zeros_like(diagonal)
     last = (diagonal + right).clamp(max=seqlen_k - 1) if right >= 0 else torch.full_like(diagonal, seqlen_k - 1)
     return first, last
@@ -98,10 +122,13 @@ def visible_mask(
     *,
     causal: bool = False,
     window_size: tuple[int, int] = (UNBOUNDED, UNBOUNDED),
+    alignment: str = BOTTOM_RIGHT,
     device: torch.device | str = "cpu",
 ) -> torch.Tensor:
     """Bool (seqlen_q, seqlen_k): True where query ``i`` sees key ``j`` (:func:`visible_ranges`)."""
-    first, last = visible_ranges(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=device)
+    first, last = visible_ranges(
+        seqlen_q, seqlen_k, causal=causal, window_size=window_size, alignment=alignment, device=device
+    )
     j = torch.arange(seqlen_k, device=device)
     return (j >= first[:, None]) & (j <= last[:, None])
 
@@ -172,6 +199,13 @@ class Capabilities:
     atomics into one accumulator, as FlashAttention-3 and -4 do), so in the
     default mode they are bitwise reproducible for MHA only; the
     reproducibility property then draws MHA cases (docs/properties.md).
+    Conventions of real kernels: ``causal_only`` declares a kernel with no
+    non-causal path (every case it runs is causal; a window, if declared, is
+    then a causal sliding window); ``causal_alignment="top_left"`` a kernel
+    whose causal and window masks put query ``i``'s diagonal at key ``i`` when
+    ``seqlen_q != seqlen_k`` (:func:`visible_ranges`), which is checked against
+    a golden with that mask, not refused; ``custom_softmax_scale=False`` a
+    kernel that always scales by ``1/sqrt(head_dim)``.
     ``notes`` are human-readable restrictions shown by ``fa2-verify kernels``.
 
     A user may write the same fields as a plain mapping
@@ -183,6 +217,9 @@ class Capabilities:
     dtypes: Mapping[str, tuple[str, ...]]
     head_dims: tuple[int, ...]
     causal: bool = True
+    causal_only: bool = False
+    causal_alignment: str = BOTTOM_RIGHT
+    custom_softmax_scale: bool = True
     window: bool = True
     gqa: bool = True
     backward: bool = True
@@ -219,11 +256,15 @@ class Capabilities:
             for device, dims in self.device_head_dims.items()
         }
         object.__setattr__(self, "device_head_dims", device_head_dims)
-        flags = ("causal", "window", "gqa", "backward", "deterministic_backward", "gqa_dkv_reproducible", "varlen", "lse",
-                 "equal_seqlens")
+        flags = ("causal", "causal_only", "custom_softmax_scale", "window", "gqa", "backward", "deterministic_backward",
+                 "gqa_dkv_reproducible", "varlen", "lse", "equal_seqlens")
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "use true or false")
+        if self.causal_only and not self.causal:
+            raise _fail("causal_only", True, "a causal-only kernel runs causal masks: drop causal=False")
+        if self.causal_alignment not in ALIGNMENTS:
+            raise _fail("causal_alignment", self.causal_alignment, f"use {' or '.join(repr(a) for a in ALIGNMENTS)}")
         if not isinstance(self.notes, (list, tuple)) or not all(isinstance(note, str) for note in self.notes):
             raise _fail("notes", self.notes, "use a list of strings")
         object.__setattr__(self, "notes", tuple(self.notes))
@@ -258,6 +299,11 @@ class Capabilities:
         if missing:
             raise UsageError(f"capabilities lacks the required field(s) {missing}")
         return cls(**mapping)
+
+    @property
+    def non_causal(self) -> bool:
+        """Whether the kernel runs cases without a causal mask (it is not ``causal_only``)."""
+        return not self.causal_only
 
     def head_dims_on(self, device: str) -> tuple[int, ...]:
         """The head dimensions supported on ``device`` (a device or device type)."""
@@ -310,6 +356,8 @@ class Capabilities:
         head_dim: int,
         causal: bool = False,
         window_size: tuple[int, int] = (UNBOUNDED, UNBOUNDED),
+        alignment: str | None = None,
+        custom_scale: bool = False,
         heads_q: int = 1,
         heads_kv: int = 1,
         backward: bool = False,
@@ -317,7 +365,12 @@ class Capabilities:
         varlen: bool = False,
         seqlens: tuple[int, int] | None = None,
     ) -> str | None:
-        """``None`` if a case with these features (and ``seqlens = (seqlen_q, seqlen_k)``, if given) is supported."""
+        """``None`` if a case with these features (and ``seqlens = (seqlen_q, seqlen_k)``, if given) is supported.
+
+        ``alignment`` is the mask alignment the case needs (``None``: either,
+        its mask being the same under both); ``custom_scale`` whether it passes
+        a softmax scale other than the default ``1/sqrt(head_dim)``.
+        """
         device_type = torch.device(device).type
         if device_type not in self.dtypes:
             return f"device={device_type} is not supported (supported: {sorted(self.dtypes)})"
@@ -327,6 +380,13 @@ class Capabilities:
             return f"head_dim={head_dim} is not supported on {device_type}"
         if causal and not self.causal:
             return "causal masks are not supported"
+        if not causal and self.causal_only:
+            return "the kernel runs causal masks only (causal_only)"
+        if alignment is not None and alignment != self.causal_alignment:
+            return (f"the case's mask is {alignment.replace('_', '-')} aligned, the kernel's "
+                    f"{self.causal_alignment.replace('_', '-')} (seqlen_q != seqlen_k)")
+        if custom_scale and not self.custom_softmax_scale:
+            return "a custom softmax_scale is not supported (the kernel scales by 1/sqrt(head_dim))"
         if tuple(window_size) != (UNBOUNDED, UNBOUNDED) and not self.window:
             return "sliding windows are not supported"
         if heads_q != heads_kv and not self.gqa:
@@ -343,7 +403,11 @@ class Capabilities:
 
     def constraints(self) -> list[str]:
         """The declared shape constraints and missing outputs, in words (``fa2-verify kernels`` shows them)."""
-        described = []
+        described = ["causal masks only"] if self.causal_only else []
+        if self.causal_alignment != BOTTOM_RIGHT:
+            described.append(f"masks {self.causal_alignment.replace('_', '-')} aligned")
+        if not self.custom_softmax_scale:
+            described.append("softmax_scale 1/sqrt(head_dim) only")
         multiple_q, multiple_k = self.seqlen_multiple_of
         if (multiple_q, multiple_k) != (1, 1):
             described.append(f"seqlen_q a multiple of {multiple_q}, seqlen_k a multiple of {multiple_k}")
@@ -367,6 +431,9 @@ class Capabilities:
             "dtypes": {device: list(names) for device, names in self.dtypes.items()},
             "head_dims": list(self.head_dims),
             "causal": self.causal,
+            "causal_only": self.causal_only,
+            "causal_alignment": self.causal_alignment,
+            "custom_softmax_scale": self.custom_softmax_scale,
             "window": self.window,
             "gqa": self.gqa,
             "backward": self.backward,

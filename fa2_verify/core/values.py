@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from fa2_verify.core.contract import visible_ranges
-
 if TYPE_CHECKING:
     from fa2_verify.core.case import CaseSpec
 
@@ -447,7 +445,7 @@ def boundary_pairs(spec: "CaseSpec") -> list[tuple[int, int]]:
     feature channel each).
     """
     keys, rows = boundary_indices(spec)
-    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+    first, last = spec.visible_ranges("cpu")
 
     def sees(row: int, key: int) -> bool:
         return bool(first[row] <= key <= last[row])

@@ -75,10 +75,15 @@ class VarlenSpec(CaseSpec):
                   if name not in ("batch", "seqlen_q", "seqlen_k")}
         return VarlenSpec.packing(seqlens, **shared)
 
+    @property
+    def alignment_matters(self) -> bool:
+        """Whether a sequence of the batch has a different mask under the two alignments."""
+        return any(self.sequence(index).alignment_matters for index in range(self.batch))
+
     def unsupported_reason(self, capabilities: Capabilities, device: str) -> str | None:
         """:meth:`CaseSpec.unsupported_reason`, and the varlen entry points themselves."""
         return super().unsupported_reason(capabilities, device) or capabilities.unsupported_reason(
-            device=device, dtype=self.dtype, head_dim=self.head_dim, varlen=True
+            device=device, dtype=self.dtype, head_dim=self.head_dim, causal=self.causal, varlen=True
         )
 
     def to_dict(self) -> dict[str, Any]:

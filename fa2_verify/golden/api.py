@@ -9,7 +9,7 @@ import torch
 from fa2_verify.golden import cache, certify, fast, mp
 from fa2_verify.golden.inputs import HeadMajorInputs, prepare, to_contract
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
-from fa2_verify.core.contract import effective_window
+from fa2_verify.core.contract import BOTTOM_RIGHT, effective_window
 from fa2_verify.core.errors import GoldenError, UsageError
 
 OUTPUTS = ("out", "lse", "dq", "dk", "dv")
@@ -58,12 +58,14 @@ def compute(
     softmax_scale: float,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    alignment: str = BOTTOM_RIGHT,
     options: GoldenOptions = GoldenOptions(),
 ) -> GoldenResult:
     """The golden of one case, taking the kernel's inputs exactly.
 
-    With ``S = softmax_scale * q k^T`` over the visible keys (bottom-right
-    aligned causal/window mask, :func:`core.contract.visible_mask`) and
+    With ``S = softmax_scale * q k^T`` over the visible keys (causal/window
+    mask aligned as ``alignment`` says, bottom-right unless ``"top_left"``,
+    :func:`core.contract.visible_mask`) and
     query head ``h`` reading kv head ``h // (heads_q // heads_kv)``
     (Dao 2023, "FlashAttention-2", Algorithm 1 forward, Algorithm 2 backward):
 
@@ -83,7 +85,9 @@ def compute(
     """
     if not isinstance(options, GoldenOptions):
         raise UsageError(f"options={options!r} is not a GoldenOptions: pass golden.GoldenOptions(...)")
-    problem = prepare(q, k, v, dout, softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    problem = prepare(
+        q, k, v, dout, softmax_scale=softmax_scale, causal=causal, window_size=window_size, alignment=alignment
+    )
     method = options.resolved_method(problem.work)
     shapes = _shapes(problem)
     cache_dir = options.resolved_cache_dir()
@@ -171,6 +175,8 @@ def _key(problem: HeadMajorInputs, options: GoldenOptions, method: str) -> str:
         "method": method,
         "certify_rows": options.certify_rows if method == "fast" else None,
     }
+    if problem.alignment != BOTTOM_RIGHT:  # keys of bottom-right cases stay those cached before alignments existed
+        settings["alignment"] = problem.alignment
     return cache.key({name: (dtypes[name], t) if t is not None else None for name, t in tensors.items()}, settings)
 
 

@@ -20,7 +20,7 @@ import numbers
 import numpy as np
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, dtype_name, effective_window, visible_ranges
+from fa2_verify.core.contract import BOTTOM_RIGHT, UNBOUNDED, dtype_name, effective_window, visible_ranges
 from fa2_verify.core.errors import UsageError
 
 
@@ -34,8 +34,9 @@ class HeadMajorInputs:
     ``q``, ``dout``: (batch, heads_q, seqlen_q, head_dim); ``k``, ``v``:
     (batch, heads_kv, seqlen_k, head_dim); ``dout`` is ``None`` for a forward-only
     golden.  Query ``i`` sees keys ``first[i] <= j <= last[i]`` (host int64
-    arrays of :func:`core.contract.visible_ranges`, bottom-right aligned; both
-    are non-decreasing in ``i``).  ``dtypes`` names the dtypes the inputs
+    arrays of :func:`core.contract.visible_ranges`, aligned as ``alignment``
+    says, bottom-right unless the kernel declares top-left; both are
+    non-decreasing in ``i``).  ``dtypes`` names the dtypes the inputs
     arrived in (part of the cache key).
     """
 
@@ -46,6 +47,7 @@ class HeadMajorInputs:
     scale: float
     causal: bool
     window_size: tuple[int, int]
+    alignment: str
     first: np.ndarray
     last: np.ndarray
     dtypes: tuple[str, ...]
@@ -118,7 +120,7 @@ class HeadMajorInputs:
         return getattr(self, name).cpu().numpy()
 
 
-def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorInputs:
+def prepare(q, k, v, dout, *, softmax_scale, causal, window_size, alignment=BOTTOM_RIGHT) -> HeadMajorInputs:
     """Check the arguments of :func:`golden.compute` and build the exact :class:`HeadMajorInputs`."""
     for name, tensor in (("q", q), ("k", k), ("v", v)) + ((("dout", dout),) if dout is not None else ()):
         _check_tensor(name, tensor)
@@ -142,7 +144,8 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorIn
         raise UsageError(f"causal={causal!r} is not a bool: pass True or False")
     window = _check_window(window_size)
     seqlen_q, seqlen_k = q.shape[1], k.shape[1]
-    first, last = (r.numpy() for r in visible_ranges(seqlen_q, seqlen_k, causal=causal, window_size=window))
+    ranges = visible_ranges(seqlen_q, seqlen_k, causal=causal, window_size=window, alignment=alignment)
+    first, last = (r.numpy() for r in ranges)
     tensors = (q, k, v) + ((dout,) if dout is not None else ())
     device = golden_device(q)
     arrays = [_head_major(name, t, device) for name, t in zip(("q", "k", "v", "dout"), tensors)]
@@ -154,6 +157,7 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size) -> HeadMajorIn
         scale=scale,
         causal=causal,
         window_size=window,
+        alignment=alignment,
         first=first,
         last=last,
         dtypes=tuple(dtype_name(t.dtype) for t in tensors),

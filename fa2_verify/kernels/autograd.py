@@ -21,15 +21,23 @@ often in (batch, heads, seqlen, head_dim) layout and often without an LSE.
   and each entry point allocates its own outputs under poisoning.  The
   gradients are those of the recomputed forward, which is what the function
   returns for the same inputs when its forward is deterministic.
-* ``window_size`` is passed to ``fn`` only when the capabilities declare
-  ``window=True``, so a function without that keyword works as long as it
-  does not claim windows.  ``deterministic`` is not passed: a target declaring
+* The mask and scale reach ``fn`` under its own parameter names, read once
+  from ``inspect.signature(fn)`` when the target is made (:func:`call_spelling`):
+  flash-attn's ``causal, softmax_scale``, PyTorch SDPA's ``is_causal, scale``,
+  the Triton tutorial's ``causal, sm_scale`` (its ``_attention.apply`` is read
+  from ``forward`` and called positionally), or the names given in
+  ``argnames``.  ``causal`` may be absent from a function declaring
+  ``causal_only`` (or no causal masks), ``softmax_scale`` from one declaring
+  ``custom_softmax_scale=False``; ``window_size`` is passed only when the
+  capabilities declare ``window=True``.  Anything else missing is a one-line
+  error naming it.  ``deterministic`` is not passed: a target declaring
   ``deterministic_backward`` states that its one backward is deterministic.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Callable, Mapping
 
@@ -43,6 +51,93 @@ LAYOUTS = ("bshd", "bhsd")
 
 #: Bases an LSE may come in: the natural log (the contract's) or log2.
 LSE_BASES = {math.e: "e", 2: "2"}
+
+
+#: The contract's keywords a function receives, and the parameter names each is found under unless named.
+KNOWN_ARGNAMES: dict[str, tuple[str, ...]] = {
+    "causal": ("causal", "is_causal"),
+    "softmax_scale": ("softmax_scale", "scale", "sm_scale"),
+    "window_size": ("window_size",),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpelling:
+    """How ``fn`` takes the contract's keywords: ``positional`` (in order, right after q, k, v) and
+    ``keywords`` (contract keyword -> fn's parameter name)."""
+
+    positional: tuple[str, ...]
+    keywords: Mapping[str, str]
+
+    def arguments(self, values: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """``(args, kwargs)`` after q, k, v for the contract's ``values``."""
+        return [values[role] for role in self.positional], {name: values[role] for role, name in self.keywords.items()}
+
+
+def _parameters(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter] | None, bool]:
+    """``(parameters, positional)``: ``fn``'s parameters (``None`` when its signature cannot be read), and
+    whether it is an ``autograd.Function``'s ``apply``, read from ``forward`` without ``ctx`` and called
+    positionally (older PyTorch releases take no keywords there)."""
+    owner = getattr(fn, "__self__", None)
+    is_apply = isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and fn.__name__ == "apply"
+    try:
+        parameters = list(inspect.signature(owner.forward if is_apply else fn).parameters.values())
+    except (TypeError, ValueError):
+        return None, False
+    return (parameters[1:] if is_apply else parameters), is_apply
+
+
+def call_spelling(
+    fn: Callable[..., Any], argnames: Mapping[str, str] | None, capabilities: Capabilities
+) -> CallSpelling:
+    """The :class:`CallSpelling` of ``fn``: each contract keyword it needs, found by ``argnames`` or by
+    :data:`KNOWN_ARGNAMES`; a one-line :class:`UsageError` naming what was not found.
+
+    ``causal`` is needed when the kernel runs both causal and non-causal
+    masks, ``softmax_scale`` when it declares ``custom_softmax_scale``,
+    ``window_size`` when it declares ``window``; one not needed is still passed
+    when ``fn`` has it.  A function taking ``**kwargs`` gets the contract's
+    names where it has no parameter of its own; one whose signature cannot be
+    read (a builtin) gets the names in ``argnames``.
+    """
+    named = dict(argnames or {})
+    if not all(role in KNOWN_ARGNAMES and isinstance(name, str) and name for role, name in named.items()):
+        raise UsageError(
+            f"argnames={argnames!r} is not valid: map {', '.join(KNOWN_ARGNAMES)} to fn's parameter names"
+        )
+    needed = {
+        "causal": capabilities.causal and not capabilities.causal_only,
+        "softmax_scale": capabilities.custom_softmax_scale,
+        "window_size": capabilities.window,
+    }
+    parameters, by_position = _parameters(fn)
+    plain = [p for p in parameters or () if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    any_keyword = parameters is not None and any(p.kind is p.VAR_KEYWORD for p in parameters)
+    where: dict[int, str] = {}
+    keywords: dict[str, str] = {}
+    for role, wanted in needed.items():
+        if role == "window_size" and not wanted:
+            continue
+        candidates = (named[role],) if role in named else KNOWN_ARGNAMES[role]
+        found = next((p for p in plain if p.name in candidates), None)
+        if found is None and (role in named and parameters is None or any_keyword):
+            keywords[role] = named.get(role, role)  # into **kwargs: the name given, else the contract's
+        elif found is None and wanted:
+            shown = "fn(...)" if parameters is None else f"fn{inspect.Signature(parameters)}"
+            raise UsageError(
+                f"{shown} has no parameter for {role} (looked for {', '.join(candidates)}): "
+                f'name it with argnames={{"{role}": NAME}}'
+            )
+        elif found is not None and (by_position or found.kind is found.POSITIONAL_ONLY):
+            where[plain.index(found)] = role
+        elif found is not None:
+            keywords[role] = found.name
+    if sorted(where) != list(range(3, 3 + len(where))):
+        raise UsageError(
+            f"fn{inspect.Signature(parameters)} takes {', '.join(where.values())} by position, but not right "
+            "after q, k, v: wrap fn in a function that takes them by keyword"
+        )
+    return CallSpelling(positional=tuple(where[index] for index in sorted(where)), keywords=keywords)
 
 
 def recomputed_gradients(
@@ -80,8 +175,10 @@ class AutogradTarget:
         lse: Callable[[Any], torch.Tensor] | None,
         lse_base: float,
         capabilities: Capabilities,
+        spelling: CallSpelling,
     ) -> None:
         self.fn = fn
+        self.spelling = spelling
         self.layout = layout
         self.lse = lse
         self.lse_base = lse_base
@@ -92,16 +189,16 @@ class AutogradTarget:
             "function": f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', repr(self.fn))}",
             "layout": self.layout,
             "lse": "none" if self.lse is None else f"base {LSE_BASES[self.lse_base]}",
+            "arguments": {**dict.fromkeys(self.spelling.positional, "positional"), **self.spelling.keywords},
         }
 
     def _call(self, q, k, v, *, softmax_scale, causal, window_size) -> Any:
         """``fn`` on the contract's tensors in the function's layout."""
         if self.layout == "bhsd":
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        keywords: dict[str, Any] = {"causal": causal, "softmax_scale": softmax_scale}
-        if self.capabilities.window:
-            keywords["window_size"] = tuple(window_size)
-        return self.fn(q, k, v, **keywords)
+        values = {"causal": causal, "softmax_scale": softmax_scale, "window_size": tuple(window_size)}
+        args, keywords = self.spelling.arguments(values)
+        return self.fn(q, k, v, *args, **keywords)
 
     def _out(self, returned: Any) -> torch.Tensor:
         out = returned[0] if isinstance(returned, (tuple, list)) else returned
@@ -132,8 +229,13 @@ def autograd_target(
     layout: str = "bshd",
     lse: Callable[[Any], torch.Tensor] | None = None,
     lse_base: float = math.e,
+    argnames: Mapping[str, str] | None = None,
 ) -> AutogradTarget:
     """A kernel target from ``out = fn(q, k, v, causal=..., softmax_scale=...[, window_size=...])``.
+
+    ``fn``'s own names for the mask and scale are read from its signature
+    (:func:`call_spelling`: ``causal``/``is_causal``, ``softmax_scale``/``scale``/``sm_scale``),
+    or given once, e.g. ``argnames={"causal": "is_causal", "softmax_scale": "scale"}``.
 
     ``layout``: ``"bshd"`` (batch, seqlen, heads, head_dim), the contract's, or
     ``"bhsd"`` (batch, heads, seqlen, head_dim).  ``lse``: ``None`` when the
@@ -151,6 +253,6 @@ def autograd_target(
         raise UsageError(f"lse={lse!r} is not callable: pass None, or a function of fn's return value giving the LSE")
     if lse_base not in LSE_BASES:
         raise UsageError(f"lse_base={lse_base!r} is not supported: use math.e or 2")
-    return AutogradTarget(
-        fn, layout=layout, lse=lse, lse_base=lse_base, capabilities=_capabilities(capabilities, lse is not None)
-    )
+    declared = _capabilities(capabilities, lse is not None)
+    spelling = call_spelling(fn, argnames, declared)
+    return AutogradTarget(fn, layout=layout, lse=lse, lse_base=lse_base, capabilities=declared, spelling=spelling)

@@ -129,11 +129,10 @@ def case_specs(
     def build(draw: st.DrawFn) -> CaseSpec:
         seqlen_q, seqlen_k = draw(seqlen_strategy)
         heads_q, heads_kv = draw(heads_strategy)
-        causal, window_size = (
-            draw(masks.masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=capabilities.causal, window=capabilities.window))
-            if masked
-            else masks.NO_MASK
-        )
+        if masked:
+            causal, window_size = draw(masks.kernel_masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, capabilities=capabilities))
+        else:
+            causal, window_size = (capabilities.causal_only, masks.NO_MASK[1])
         spec = CaseSpec(
             batch=draw(batch_strategy),
             seqlen_q=seqlen_q,
@@ -144,12 +143,13 @@ def case_specs(
             dtype=draw(dtype_strategy),
             causal=causal,
             window_size=window_size,
-            softmax_scale=draw(inputs.softmax_scales()),
+            softmax_scale=draw(inputs.softmax_scales(custom=capabilities.custom_softmax_scale)),
             generator=draw(generator_strategy),
             seed=draw(inputs.seeds()),
             backward=backward,
             deterministic=draw(modes) if deterministic is None else deterministic,
         )
-        return fit_budget(spec, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
+        spec = fit_budget(spec, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
+        return spec.aligned(capabilities.causal_alignment)
 
     return build()

@@ -28,7 +28,9 @@ from typing import Any, Callable
 from fa2_verify.properties.validation import check_choices
 
 #: Capabilities a property can require (attributes of core.contract.Capabilities).
-REQUIREMENTS: tuple[str, ...] = ("backward", "deterministic_backward", "causal", "window", "gqa", "varlen", "lse")
+REQUIREMENTS: tuple[str, ...] = (
+    "backward", "deterministic_backward", "causal", "non_causal", "window", "gqa", "varlen", "lse"
+)
 
 
 class PropertyFailure(AssertionError):

@@ -35,7 +35,6 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.verify.error_model import accumulation_unit, underflow_unit
 from fa2_verify.verify.metrics import ulp
@@ -72,9 +71,7 @@ def dq_spread_bound(case: Case, golden: Any, dq_runs: list[torch.Tensor], *, blo
     batch, heads_kv, group = spec.batch, spec.heads_kv, spec.heads_q // spec.heads_kv
     k, values = (t.detach().to(device, torch.float64) for t in (case.k, case.v))
     keys, values = k.abs(), values.abs()
-    first, last = visible_ranges(
-        spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size, device=device
-    )
+    first, last = spec.visible_ranges(device)
     visible_keys = (last - first + 1).clamp_min(0).to(torch.float64)
     terms = (key_blocks(visible_keys, block_k) - 1).clamp_min(0) * accumulation_unit(dtype)
     factor = (2 * terms / (1 - terms) * MAGNITUDE_SLACK).view(1, -1, 1, 1)

@@ -53,9 +53,10 @@ def seeds() -> st.SearchStrategy[int]:
     return st.integers(0, 2**32 - 1)
 
 
-def softmax_scales() -> st.SearchStrategy[float | None]:
-    """``None`` (the default ``1/sqrt(head_dim)``) or one of :data:`SCALES`."""
-    return st.one_of(st.none(), st.sampled_from(SCALES))
+def softmax_scales(*, custom: bool = True) -> st.SearchStrategy[float | None]:
+    """``None`` (the default ``1/sqrt(head_dim)``) or one of :data:`SCALES`; ``None`` only when not ``custom``
+    (a kernel declaring ``custom_softmax_scale=False``)."""
+    return st.one_of(st.none(), st.sampled_from(SCALES)) if custom else st.none()
 
 
 def drawn_dtypes(*, capabilities: Capabilities, device: str, include: Iterable[str] | None = None) -> tuple[str, ...]:

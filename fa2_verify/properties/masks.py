@@ -1,6 +1,8 @@
 """Mask strategies: none, causal, every kind of sliding window, and rows that see no key.
 
-Masks are bottom-right aligned (:func:`core.contract.visible_mask`): with
+Masks are bottom-right aligned (:func:`core.contract.visible_mask`; a kernel
+declaring top-left alignment has its cases checked with that mask, which the
+case strategies set, :meth:`core.case.CaseSpec.aligned`): with
 ``shift = seqlen_k - seqlen_q`` query ``i`` sees key ``j`` iff
 ``i + shift - left <= j <= i + shift + right``.  A row sees no key exactly when
 ``i + shift + right < 0``, i.e. only when ``seqlen_q > seqlen_k + right``; the
@@ -20,6 +22,13 @@ from fa2_verify.core.errors import UsageError
 
 Mask = tuple[bool, tuple[int, int]]
 NO_MASK: Mask = (False, (UNBOUNDED, UNBOUNDED))
+CAUSAL_MASK = st.just((True, (UNBOUNDED, UNBOUNDED)))
+
+
+def kernel_masks(*, seqlen_q: int, seqlen_k: int, capabilities) -> st.SearchStrategy[Mask]:
+    """:func:`masks` of what ``capabilities`` (a :class:`core.contract.Capabilities`) declare."""
+    return masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k, causal=capabilities.causal, window=capabilities.window,
+                 causal_only=capabilities.causal_only)
 
 
 def window_sides(*, seqlen_q: int, seqlen_k: int) -> st.SearchStrategy[int]:
@@ -28,20 +37,29 @@ def window_sides(*, seqlen_q: int, seqlen_k: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(boundary_lengths(min_value=0, max_value=largest)), st.integers(0, largest))
 
 
-def masks(*, seqlen_q: int, seqlen_k: int, causal: bool = True, window: bool = True) -> st.SearchStrategy[Mask]:
+def masks(
+    *, seqlen_q: int, seqlen_k: int, causal: bool = True, window: bool = True, causal_only: bool = False
+) -> st.SearchStrategy[Mask]:
     """``(causal, window_size)`` for a ``seqlen_q x seqlen_k`` score matrix.
 
     ``causal`` and ``window`` say whether the kernel supports them; an
     unsupported feature is never drawn (docs/properties.md, "Capabilities, not skips").
+    ``causal_only`` (a kernel with no non-causal path) draws causal masks only:
+    plain, and with a left window when ``window``.
     """
     check_int("seqlen_q", seqlen_q, min_value=0)
     check_int("seqlen_k", seqlen_k, min_value=0)
     check_bool("causal", causal)
     check_bool("window", window)
+    check_bool("causal_only", causal_only)
     sides = window_sides(seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+    if causal_only:
+        if not causal:
+            raise UsageError("causal_only=True and causal=False: a causal-only kernel runs causal masks; allow them")
+        return st.one_of([CAUSAL_MASK] + ([sides.map(lambda left: (True, (left, UNBOUNDED)))] if window else []))
     kinds: list[st.SearchStrategy[Mask]] = [st.just(NO_MASK)]
     if causal:
-        kinds.append(st.just((True, (UNBOUNDED, UNBOUNDED))))
+        kinds.append(CAUSAL_MASK)
     if window:
         kinds += [
             sides.map(lambda left: (False, (left, UNBOUNDED))),
@@ -68,7 +86,7 @@ def empty_row_masks(*, seqlen_q: int, seqlen_k: int, causal: bool = True, window
         raise UsageError("causal=False and window=False: empty rows need a causal mask or a window; allow one")
     kinds: list[st.SearchStrategy[Mask]] = []
     if causal:
-        kinds.append(st.just((True, (UNBOUNDED, UNBOUNDED))))
+        kinds.append(CAUSAL_MASK)
     if window:
         lefts = st.one_of(st.just(UNBOUNDED), window_sides(seqlen_q=seqlen_q, seqlen_k=seqlen_k))
         rights = st.integers(0, seqlen_q - seqlen_k - 1)

@@ -32,6 +32,7 @@ import torch
 
 from fa2_verify.verify import metrics
 from fa2_verify.core.case import Case
+from fa2_verify.core.contract import causal_prefix_keys
 from fa2_verify.verify.metrics import OutputComparison
 
 
@@ -114,9 +115,10 @@ def group_sum(tensor: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def causal_prefix(case: Case, rows: int) -> Case:
-    """The first ``rows`` queries with the first ``rows + seqlen_k - seqlen_q`` keys (same diagonal)."""
+    """The first ``rows`` queries with the keys they see (:func:`core.contract.causal_prefix_keys`: the first
+    ``rows + seqlen_k - seqlen_q`` bottom-right aligned, same diagonal)."""
     spec = case.spec
-    keys = rows + spec.seqlen_k - spec.seqlen_q
+    keys = causal_prefix_keys(rows, spec.seqlen_q, spec.seqlen_k, spec.causal_alignment)
     prefix_spec = dataclasses.replace(spec, seqlen_q=rows, seqlen_k=keys)
     return Case(
         spec=prefix_spec,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from fa2_verify.core.contract import Capabilities, round_up
+from fa2_verify.core.contract import Capabilities, causal_prefix_keys, round_up
 from fa2_verify.properties.validation import check_int, check_order
 from fa2_verify.core.errors import UsageError
 
@@ -184,16 +184,18 @@ def seqlen_pairs(
 
 
 def prefix_rows(*, seqlen_q: int, seqlen_k: int, capabilities: Capabilities) -> st.SearchStrategy[int]:
-    """How many leading queries ``m`` a causal-prefix relation keeps: ``m`` in ``[max(1, 1 + sq - sk), sq]``
-    such that ``(m, m + sk - sq)`` is a pair the kernel supports; shrinks toward the fewest rows.
+    """How many leading queries ``m`` a causal-prefix relation keeps: ``m`` in ``[1, sq]`` whose prefix keeps
+    a key and is a pair ``(m, causal_prefix_keys(m))`` the kernel supports (``m + sk - sq`` keys bottom-right
+    aligned, :func:`core.contract.causal_prefix_keys`); shrinks toward the fewest rows.
 
     ``m = seqlen_q`` is always among them (the full case is supported).
     """
-    shift = seqlen_k - seqlen_q
+    alignment = capabilities.causal_alignment
     rows = [
         m
-        for m in range(max(1, 1 - shift), seqlen_q + 1)
-        if capabilities.seqlen_unsupported_reason(m, m + shift) is None
+        for m in range(1, seqlen_q + 1)
+        if (keys := causal_prefix_keys(m, seqlen_q, seqlen_k, alignment)) >= 1
+        and capabilities.seqlen_unsupported_reason(m, keys) is None
     ]
     return st.sampled_from(rows)
 

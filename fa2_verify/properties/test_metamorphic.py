@@ -14,7 +14,7 @@ from fa2_verify.properties.declaration import declare
 from fa2_verify.core.layouts import LAYOUTS
 
 
-@declare(breaker="tests.breakers:FIRST_KEY_LEAK")
+@declare(breaker="tests.breakers:FIRST_KEY_LEAK", requires=("non_causal",))
 def test_out_invariant_under_key_permutation(suite, data):
     """out(q, k[perm], v[perm]) = out(q, k, v) without a mask."""
     spec = data.draw(suite.cases(masked=False), label="case")
@@ -65,7 +65,7 @@ def test_dkv_gqa_equals_group_sum_of_mha(suite, data):
     relation_checks.gqa_as_mha(suite, spec, ("dk", "dv"))
 
 
-@declare(breaker="tests.breakers:CAUSAL_PATH_SHIFT", requires=("causal", "window"))
+@declare(breaker="tests.breakers:CAUSAL_PATH_SHIFT", requires=("causal", "non_causal", "window"))
 def test_out_causal_equals_window_left_zero(suite, data):
     """out(causal=True, window=(left, w)) = out(causal=False, window=(left, 0))."""
     unmasked = data.draw(suite.cases(masked=False), label="case")
@@ -73,7 +73,7 @@ def test_out_causal_equals_window_left_zero(suite, data):
         st.one_of(st.just(UNBOUNDED), masks.window_sides(seqlen_q=unmasked.seqlen_q, seqlen_k=unmasked.seqlen_k)),
         label="left",
     )
-    spec = dataclasses.replace(unmasked, causal=True, window_size=(left, UNBOUNDED))
+    spec = dataclasses.replace(unmasked, causal=True, window_size=(left, UNBOUNDED)).aligned(suite.kernel.capabilities.causal_alignment)
     relation_checks.causal_as_window(suite, spec)
 
 
@@ -81,7 +81,7 @@ def test_out_causal_equals_window_left_zero(suite, data):
 def test_out_causal_prefix_ignores_later_queries(suite, data):
     """out(q[:m], k[:m+d], v[:m+d], causal) = out(q, k, v, causal)[:m], d = seqlen_k - seqlen_q."""
     unmasked = data.draw(suite.cases(masked=False), label="case")
-    spec = dataclasses.replace(unmasked, causal=True)
+    spec = dataclasses.replace(unmasked, causal=True).aligned(suite.kernel.capabilities.causal_alignment)
     rows = data.draw(
         shapes.prefix_rows(seqlen_q=spec.seqlen_q, seqlen_k=spec.seqlen_k, capabilities=suite.kernel.capabilities),
         label="rows kept",

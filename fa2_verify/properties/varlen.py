@@ -41,9 +41,7 @@ def varlen_specs(
         heads_q, heads_kv = draw(
             shapes.head_counts(max_heads_kv=limits.max_heads_kv, max_group=limits.max_group, gqa=capabilities.gqa)
         )
-        causal, window_size = draw(
-            masks.masks(seqlen_q=longest_q, seqlen_k=longest_k, causal=capabilities.causal, window=capabilities.window)
-        )
+        causal, window_size = draw(masks.kernel_masks(seqlen_q=longest_q, seqlen_k=longest_k, capabilities=capabilities))
         head_dim = draw(
             shapes.head_dims(
                 capabilities=capabilities, device=device, max_value=limits.max_head_dim, common_max=limits.common_head_dim
@@ -65,11 +63,11 @@ def varlen_specs(
             dtype=dtype,
             causal=causal,
             window_size=window_size,
-            softmax_scale=draw(inputs.softmax_scales()),
+            softmax_scale=draw(inputs.softmax_scales(custom=capabilities.custom_softmax_scale)),
             generator=draw(inputs.generator_names()),
             seed=draw(inputs.seeds()),
             backward=backward,
             deterministic=draw(modes) if backward else False,
-        )
+        ).aligned(capabilities.causal_alignment)
 
     return build()

@@ -59,6 +59,7 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
         softmax_scale=spec.scale,
         causal=spec.causal,
         window_size=spec.window_size,
+        alignment=spec.causal_alignment,
         **options,
     )
 

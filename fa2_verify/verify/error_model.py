@@ -31,7 +31,6 @@ from typing import Any, Mapping
 
 import torch
 
-from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.core.errors import KernelLoadError, UsageError
 from fa2_verify.golden.api import require_certified_bound
@@ -391,7 +390,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     def on_device(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to(device, torch.float64)
 
-    first, last = visible_ranges(seqlen_q, seqlen_k, causal=spec.causal, window_size=spec.window_size, device=device)
+    first, last = spec.visible_ranges(device)
     n_row = (last - first + 1).clamp(min=0).to(torch.float64)
     n_col = torch.zeros(seqlen_k, dtype=torch.float64, device=device)
     out, lse = on_device(golden.out), on_device(golden.lse)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import torch
 
-from fa2_verify.core.contract import visible_ranges
 from fa2_verify.core.case import Case
 from fa2_verify.verify.error_model import row_blocks, work_elements
 
@@ -34,8 +33,7 @@ def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     spec = case.spec
     group = spec.heads_q // spec.heads_kv
     device = case.q.device
-    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size,
-                                 device=device)
+    first, last = spec.visible_ranges(device)
     out = torch.zeros_like(case.q)
     lse = torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32, device=device)
     result = {"out": out, "lse": lse}

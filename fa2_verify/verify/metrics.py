@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from fa2_verify.core.contract import dtype_name, visible_ranges
+from fa2_verify.core.contract import dtype_name
 from fa2_verify.core.errors import GoldenError
 
 if TYPE_CHECKING:
@@ -525,7 +525,7 @@ _TOKEN_AXIS = {"out": 1, "dq": 1, "lse": 2, "dk": 1, "dv": 1}
 
 def masked_element(spec: "CaseSpec", output: str, index: Sequence[int]) -> str | None:
     """Why element ``index`` of ``output`` is exact whatever the inputs, when its query row sees no key, or
-    its key is seen by no query, under the case's bottom-right aligned mask (:func:`core.contract.visible_ranges`);
+    its key is seen by no query, under the case's mask (:meth:`core.case.CaseSpec.visible_ranges`);
     else None.
 
     There the exact value is ``out = dq = 0`` and ``lse = -inf`` (no key: an
@@ -540,15 +540,15 @@ def masked_element(spec: "CaseSpec", output: str, index: Sequence[int]) -> str |
     if axis is None or len(index) <= axis:
         return None
     token = index[axis]
-    first, last = visible_ranges(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size)
+    first, last = spec.visible_ranges()
     if output in ("dk", "dv"):
         if token >= spec.seqlen_k or bool(((first <= token) & (token <= last)).any()):
             return None
-        return (f"key {token} is seen by no query under the case's mask (bottom-right aligned), so its dk and dv "
+        return (f"key {token} is seen by no query under the case's mask, so its dk and dv "
                 "are exactly 0 whatever the inputs: any other value there is wrong, however small")
     if token >= spec.seqlen_q or first[token] <= last[token]:
         return None
-    return (f"query row {token} sees no key under the case's mask (bottom-right aligned), so its out and dq are "
+    return (f"query row {token} sees no key under the case's mask, so its out and dq are "
             "exactly 0 and its lse -inf whatever the inputs: any other value there is wrong, however small")
 
 

@@ -5,8 +5,9 @@ or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
 type: production lengths on a GPU, the same set scaled down on a CPU), or only
 the cases of that set named by ``--case NAME`` (repeatable; the names the
 table prints), forward and backward, each case's head dim and sequence
-lengths fitted to the kernel's shape constraints (:func:`verify.fixed_cases.fitted_cases`),
-through the kernel on ``--device``, compares every output with the golden
+lengths fitted to the kernel's shape constraints and the features it lacks
+taken away (:func:`verify.fixed_cases.fit_case`; a line per case so changed,
+under ``fitted to the kernel:``, says what changed), through the kernel on ``--device``, compares every output with the golden
 (:func:`verify.check.check_case`), prints one table (case, output, dtype,
 p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
 description for each failing output, the seconds each case spent in the
@@ -44,7 +45,7 @@ import torch
 from fa2_verify.verify.atomic import check_outputs, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
+from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_pairs, fitting
 from fa2_verify.verify.golden_time import DEFAULT_MAX_SECONDS, positive_seconds
 from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
 from fa2_verify.verify.scale_cases import SCALE_CASES
@@ -229,11 +230,15 @@ def handle(args) -> int:
         require_interpreter("--bounds-check")
     kernel = resolve_target(args.kernel, args.device)
     whole_set = case_set(args.cases, args.device)
-    specs = fitted_cases(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
+    pairs = fitted_pairs(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
+    specs = tuple(fitted for _, fitted in pairs)
     with bounds_checked() if args.bounds_check else contextlib.nullcontext():
         run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec),
                         max_golden_seconds=args.max_golden_seconds)
     print(format_table(run.cases))
+    changes = [f"  {case_label(fitted)}: {fitting(original, fitted)}" for original, fitted in pairs if original != fitted]
+    if changes:
+        print("fitted to the kernel:", *changes, sep="\n")
     for description in failure_descriptions(run.cases):
         print()
         print(description)
