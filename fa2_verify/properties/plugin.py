@@ -201,8 +201,8 @@ def pytest_configure(config: pytest.Config) -> None:
     device = DEFAULT_DEVICE if device_option is None else device_option
     bounds_check = config.getoption("fa2_bounds_check")
     durations = config.getoption("fa2_durations")
-    max_golden_seconds = _seconds_option("--fa2-max-golden-seconds", config.getoption("fa2_max_golden_seconds"))
-    call_timeout = _seconds_option("--fa2-call-timeout", config.getoption("fa2_call_timeout"))
+    max_golden_seconds = _seconds_option(config.getoption("fa2_max_golden_seconds"))
+    call_timeout = _seconds_option(config.getoption("fa2_call_timeout"), "--fa2-call-timeout")
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
@@ -242,7 +242,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                       _DURATION_LOG)
 
 
-def _seconds_option(flag: str, text: str | None) -> float | None:
+def _seconds_option(text: str | None, flag: str = "--fa2-max-golden-seconds") -> float | None:
     """``flag``'s value (``--fa2-max-golden-seconds``, ``--fa2-call-timeout``): a finite number of seconds > 0
     (``None`` without the option)."""
     if text is None:
