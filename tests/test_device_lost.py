@@ -150,3 +150,23 @@ def test_other_harness_errors_are_left_to_hypothesis(full_gpu: Suite) -> None:
     test = harness.build_test(prop, settings(database=None, max_examples=5), harness.Shard(None, 5, None))
     with pytest.raises(RuntimeError, match="a bug of the harness"):
         test(fa2_suite=full_gpu)
+
+
+def test_a_fault_the_kernel_call_raised_ends_the_example_and_those_after_it(monkeypatch) -> None:
+    """Off CUDA too (a fault simulated on the CPU, tests/faulting.py): the fault the kernel call raised marks
+    the process (verify.device_fault), the example ends with DeviceLost naming it, and every later example
+    ends at once, the kernel not called again."""
+    from fa2_verify.core.case import make_case
+    from fa2_verify.verify import device_fault
+    from tests import faulting
+
+    monkeypatch.setattr(faulting, "_lost", [])
+    monkeypatch.setattr(device_fault, "_recorded", [])
+    suite = Suite(load_kernel("tests.faulting:FAULTS_ON_HEAD_DIM_40"), "cpu", profiles.get("ci"))
+    spec = CaseSpec(1, 3, 5, 2, 1, faulting.FATAL_HEAD_DIM, "float32", seed=4)
+    with pytest.raises(DeviceLost) as raised:
+        verdicts.call_kernel(suite, spec, "out", make_case(spec, "cpu"))
+    assert "faulted in this case (tests.faulting:FAULTS_ON_HEAD_DIM_40.forward faulted the device: " in str(raised.value)
+    assert str(raised.value).endswith(spec.reproduction(suite.kernel.name, "cpu"))
+    with pytest.raises(DeviceLost, match="had faulted before this example"):
+        verdicts.introduce(suite, SPEC)

@@ -67,6 +67,7 @@ BAD_OPTIONS = {
     "empty-kernel": ("--fa2-kernel=", "--fa2-kernel=: unknown kernel ''"),
     "empty-profile": ("--fa2-profile=", "--fa2-profile=: not a profile"),
     "empty-examples-dir": ("--fa2-examples-dir=", "--fa2-examples-dir=: names no directory"),
+    "zero-call-timeout": ("--fa2-kernel=reference --fa2-call-timeout=0", "--fa2-call-timeout=0: '0' is not a number"),
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-kernel": ("--fa2-bounds-check", "--fa2-bounds-check needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-interpreter": (

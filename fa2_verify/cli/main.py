@@ -9,7 +9,10 @@ shell's convention); a ``KeyboardInterrupt`` or ``SystemExit`` raised by the
 kernel itself never gets here (:mod:`verify.user_code`).  The installed command
 runs :func:`main` in a child process that must report its status, so that a kernel that
 ends the process some other way cannot end the command with status 0
-(:mod:`cli.supervisor`).
+(:mod:`cli.supervisor`).  A case loop whose kernel faulted the device
+(:class:`~verify.continuation.DeviceFaulted`) goes on in a fresh process
+with the cases done carried over (:mod:`verify.continuation`), after one
+line on stderr naming the case and the fault.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import argparse
 import importlib
 import sys
 
+from fa2_verify.cli.supervisor import rerun
 from fa2_verify.core.errors import Fa2VerifyError
+from fa2_verify.verify import continuation
 
 #: Exit status after a Ctrl-C: 128 + SIGINT.
 INTERRUPTED = 130
@@ -62,9 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)
-        return int(args.handler(args) or 0)
+        with continuation.carried_over():
+            return int(args.handler(args) or 0)
+    except continuation.DeviceFaulted as fault:
+        print(f"fa2-verify: {fault}; the cases after it run in a fresh process", file=sys.stderr)
+        return rerun(argv, {continuation.ENV: str(fault.save())})
     except Fa2VerifyError as exc:
         print(f"fa2-verify: error: {exc}", file=sys.stderr)
         return 2

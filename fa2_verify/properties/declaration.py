@@ -52,7 +52,13 @@ class DeviceLost(BaseException):
     """The CUDA device faulted (an illegal address, say), which ends its context: every later call in the
     process raises the same error, whatever the case.  A ``BaseException``, so Hypothesis neither replays
     nor shrinks the example (each replay would fail for the lost context, not for the case, and shrinking
-    would end on a meaningless minimal case); pytest reports it as the test's failure, with the case."""
+    would end on a meaningless minimal case); pytest reports it as the test's failure, with the case.
+
+    The process is kept, marked as faulted (:mod:`verify.device_fault`): each later example in it ends at
+    once with this error, "had faulted before this example", the kernel not called.  Ending the process
+    instead would let xdist start a fresh worker, but the failing example's report could be lost with it
+    (the worker exits while its report is on the way to the controller), and without xdist it would end
+    the whole session; ``fa2-verify run`` is where the cases after a fault run in a fresh process."""
 
 
 class DeviceOutOfMemory(BaseException):

@@ -58,6 +58,7 @@ import pytest
 from fa2_verify.properties import profiles, schedule
 from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
+from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
 
 EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_DEVICE = "cpu"
@@ -132,6 +133,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(default 600; the size guard, fa2_verify.verify.memory.require_fits)",
     )
     group.addoption(
+        "--fa2-call-timeout",
+        default=None,
+        metavar="S",
+        help="end the test process, naming the call and its case, when one kernel call runs longer, as a hung "
+        f"GPU kernel does (default {DEFAULT_CALL_TIMEOUT:g}; fa2_verify.verify.watchdog)",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -194,12 +202,14 @@ def pytest_configure(config: pytest.Config) -> None:
     bounds_check = config.getoption("fa2_bounds_check")
     durations = config.getoption("fa2_durations")
     max_golden_seconds = _seconds_option(config.getoption("fa2_max_golden_seconds"))
+    call_timeout = _seconds_option(config.getoption("fa2_call_timeout"), "--fa2-call-timeout")
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
                                       ("--fa2-bounds-check", bounds_check or None),
                                       ("--fa2-durations", durations),
-                                      ("--fa2-max-golden-seconds", max_golden_seconds)) if value is not None),
+                                      ("--fa2-max-golden-seconds", max_golden_seconds),
+                                      ("--fa2-call-timeout", call_timeout)) if value is not None),
             None,
         )
         if alone is not None:
@@ -210,6 +220,8 @@ def pytest_configure(config: pytest.Config) -> None:
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
         if bounds_check:
             _check_bounds(config, enter=runs_tests)
+        if call_timeout is not None:
+            set_call_timeout(call_timeout)
     config.stash[_options_key] = {
         "kernel": kernel_name,
         "device": device,
@@ -230,8 +242,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                       _DURATION_LOG)
 
 
-def _seconds_option(text: str | None) -> float | None:
-    """``--fa2-max-golden-seconds``: a finite number of seconds > 0 (``None`` without the option)."""
+def _seconds_option(text: str | None, flag: str = "--fa2-max-golden-seconds") -> float | None:
+    """``flag``'s value (``--fa2-max-golden-seconds``, ``--fa2-call-timeout``): a finite number of seconds > 0
+    (``None`` without the option)."""
     if text is None:
         return None
     from argparse import ArgumentTypeError
@@ -241,7 +254,7 @@ def _seconds_option(text: str | None) -> float | None:
     try:
         return positive_seconds(text)
     except ArgumentTypeError as exc:
-        raise _usage("--fa2-max-golden-seconds", text, str(exc)) from None
+        raise _usage(flag, text, str(exc)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -24,6 +24,7 @@ from fa2_verify.properties import relations
 from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, MaskFailure, PropertyFailure
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
+from fa2_verify.verify import device_fault as faults
 from fa2_verify.verify import error_model
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.verify.check import bounds_for, golden_for
@@ -67,10 +68,12 @@ def declined(suite: Suite, reason: str) -> NoReturn:
 
 
 def device_fault(device: str) -> str | None:
-    """The error a CUDA ``device`` raises once a kernel has faulted on it (the context is then lost: every
-    later call raises it), or ``None`` while it works; ``None`` off CUDA."""
-    if torch.device(device).type != "cuda":
-        return None
+    """The fault a kernel call of this process met (:func:`verify.device_fault.recorded`), else the error a
+    CUDA ``device`` raises once a kernel has faulted on it (the context is then lost: every later call
+    raises it), or ``None`` while it works; off CUDA, the recorded fault only."""
+    recorded = faults.recorded()
+    if recorded is not None or torch.device(device).type != "cuda":
+        return recorded
     try:
         torch.cuda.synchronize(device)
     except Exception as error:  # noqa: BLE001 - whatever the error, the context can run nothing more

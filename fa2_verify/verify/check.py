@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from fa2_verify import golden as golden_module
-from fa2_verify.verify import error_model, lowprec, memory, metrics
+from fa2_verify.verify import continuation, error_model, lowprec, memory, metrics
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed, VarlenSpec, pack
@@ -198,16 +198,23 @@ def run_cases(
     Every spec is first checked to fit in memory and in ``max_golden_seconds`` of golden and
     comparison (:func:`verify.memory.require_fits`), so a case too large is refused before any
     case runs.  ``starting(index, spec)``, if given, is called before each case is built: a
-    process that dies in the kernel has then said which case it was on.
+    process that dies in the kernel has then said which case it was on.  Each case goes through
+    :func:`verify.continuation.case_results`: in a command, a case that faults the device ends the
+    loop with :class:`~verify.continuation.DeviceFaulted`, and a fresh process runs the rest
+    (taking the cases done from the journal, without running or announcing them again).
     """
     specs = tuple(specs)
     for spec in specs:
         memory.require_fits(spec, device, golden_options, max_golden_seconds)
     cases = []
     for index, spec in enumerate(specs):
-        if starting is not None:
-            starting(index, spec)
-        cases.extend(check_spec(kernel, spec, device, golden_options=golden_options))
+
+        def checked(index: int = index, spec: CaseSpec = spec) -> list[CaseResult]:
+            if starting is not None:
+                starting(index, spec)
+            return check_spec(kernel, spec, device, golden_options=golden_options)
+
+        cases.extend(continuation.case_results(spec, spec.name or spec.feature(), checked))
     return RunResult(
         kernel=kernel.name,
         device=device,

@@ -15,6 +15,13 @@ output the kernel's capabilities declare it does not provide (``lse=False``:
 ``None`` and is left out of the outputs (and handed to ``backward`` as
 ``None``).  A kernel that raises :class:`~core.errors.UnsupportedCase` declines the case;
 that propagates.
+
+Each call ends with a synchronize of the case's device inside the user-code
+boundary, so an asynchronous GPU error surfaces in the call that caused it;
+one that loses the device (:func:`verify.device_fault.is_device_fault`) is a
+:class:`DeviceFault`, recorded for the process (:func:`verify.device_fault.record`).
+Each call runs under :func:`verify.watchdog.watched`: one that hangs past the
+per-call limit ends the process, naming the call and its case.
 """
 
 from __future__ import annotations
@@ -27,9 +34,11 @@ from fa2_verify.core.contract import GRADIENTS, dtype_name
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed
+from fa2_verify.verify import device_fault
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
+from fa2_verify.verify.watchdog import watched
 
 #: Output name -> (shape, dtype, description of the shape's axes).
 Layouts = dict[str, tuple[tuple[int, ...], torch.dtype, str]]
@@ -39,6 +48,10 @@ _INTEGER_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 class KernelFailure(Exception):
     """The kernel raised or broke the contract; the message says how."""
+
+
+class DeviceFault(KernelFailure):
+    """The kernel's call lost the device (an illegal address, say): nothing more can run in this process."""
 
 
 def contract_layouts(spec: CaseSpec) -> Layouts:
@@ -79,20 +92,28 @@ def call_entry(
     layouts: Layouts,
     device: torch.device,
     call: Callable[..., Any],
+    case: str,
 ) -> dict[str, torch.Tensor]:
     """``call(*inputs.values())`` under poisoning; its outputs by name, cloned, after checking the contract.
 
     ``inputs`` are the tensors the entry point receives, by name, in the order
     ``call`` takes them; each must be unchanged, bit for bit, after the call.
     Names among the kernel's missing outputs must be returned as ``None``; they
-    are left out of the result.
+    are left out of the result.  ``case`` (its one-line reproduction) names
+    the call's case should it hang (:func:`verify.watchdog.watched`).
     """
     missing = kernel.capabilities.missing_outputs()
     before = {name: _bits(tensor) for name, tensor in inputs.items() if tensor is not None}
     with poisoned(device, [layouts[name][:2] for name in names if name not in missing]):
         try:
-            returned = call_user_code(lambda: _synchronized(call(*inputs.values()), device), passthrough=(UnsupportedCase,))
+            with watched(f"{entry} on case {case}"):
+                returned = call_user_code(lambda: _synchronized(call(*inputs.values()), device),
+                                          passthrough=(UnsupportedCase,))
         except UserCodeRaised as raised:
+            if device_fault.is_device_fault(raised.raised):
+                fault = f"{kernel.name}.{entry} faulted the device: {str(raised).splitlines()[0]}"
+                device_fault.record(fault)
+                raise DeviceFault(fault) from raised.raised
             raise KernelFailure(f"{kernel.name}.{entry} raised {raised}") from raised.raised
     for name, bits in before.items():
         if not torch.equal(_bits(inputs[name]), bits):
@@ -132,10 +153,11 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
     spec = case.spec
     layouts = contract_layouts(spec)
     device = case.q.device
+    reproduction = spec.reproduction(kernel.name, str(device))
     masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
     outputs = call_entry(
         kernel, "forward", {"q": case.q, "k": case.k, "v": case.v}, ("out", "lse"), layouts, device,
-        lambda q, k, v: kernel.forward(q, k, v, **masking),
+        lambda q, k, v: kernel.forward(q, k, v, **masking), reproduction,
     )  # fmt: skip
     if spec.backward if backward is None else backward:
         handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
@@ -144,7 +166,7 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
             kernel, "backward", handed, GRADIENTS, layouts, device,
             lambda dout, q, k, v, out, lse: kernel.backward(
                 dout, q, k, v, out, lse, deterministic=spec.deterministic, **masking
-            ),
+            ), reproduction,
         )  # fmt: skip
     return outputs
 
@@ -166,12 +188,14 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
         "dv": ((total_k, spec.heads_kv, spec.head_dim), dtype, packed_kv),
     }
     max_lengths = (packed.max_seqlen_q, packed.max_seqlen_k)
+    reproduction = spec.reproduction(kernel.name, str(packed.q.device))
     masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
     sequences = {"cu_seqlens_q": packed.cu_seqlens_q, "cu_seqlens_k": packed.cu_seqlens_k}
     outputs = call_entry(
         kernel, "forward_varlen", {"q": packed.q, "k": packed.k, "v": packed.v, **sequences}, ("out", "lse"), layouts,
         packed.q.device,
         lambda q, k, v, cu_q, cu_k: kernel.target.forward_varlen(q, k, v, cu_q, cu_k, *max_lengths, **masking),
+        reproduction,
     )  # fmt: skip
     if spec.backward if backward is None else backward:
         handed = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
@@ -180,6 +204,6 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
             kernel, "backward_varlen", handed, GRADIENTS, layouts, packed.q.device,
             lambda dout, q, k, v, out, lse, cu_q, cu_k: kernel.target.backward_varlen(
                 dout, q, k, v, out, lse, cu_q, cu_k, *max_lengths, deterministic=spec.deterministic, **masking
-            ),
+            ), reproduction,
         )  # fmt: skip
     return outputs

@@ -86,7 +86,7 @@ def handle(args) -> int:
     if args.repeats < 1:
         raise UsageError(f"--repeats={args.repeats} is not valid: use a positive integer")
     check_outputs({"--out": args.out}, overwrite=args.overwrite, inputs={"--corpus": args.corpus})
-    kernel = resolve_target(args.kernel, args.device)
+    kernel = resolve_target(args.kernel, args.device, call_timeout=args.call_timeout)
     corpus = load_corpus(args.corpus)
     baseline = baselines.record(
         kernel,

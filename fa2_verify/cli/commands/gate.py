@@ -97,7 +97,7 @@ def handle(args) -> int:
     baseline = baselines.load_baseline(args.baseline)
     corpus = load_corpus(args.corpus)
     dtypes = parse_dtypes(args.dtypes) or tuple(sorted(baseline.dtypes))
-    kernel = resolve_target(args.kernel, args.device)
+    kernel = resolve_target(args.kernel, args.device, call_timeout=args.call_timeout)
     gate.check_compatible(
         baseline, kernel=args.kernel, device=args.device, corpus=corpus, dtypes=dtypes, source=str(args.baseline)
     )

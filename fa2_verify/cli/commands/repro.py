@@ -63,7 +63,7 @@ def _details(result: CaseResult) -> list[str]:
 
 
 def handle(args) -> int:
-    kernel = resolve_target(args.kernel, args.device)
+    kernel = resolve_target(args.kernel, args.device, call_timeout=args.call_timeout)
     spec = parse_case(args.case)
     require_fits(spec, args.device, max_golden_seconds=args.max_golden_seconds)
     results = check_spec(kernel, spec, args.device)

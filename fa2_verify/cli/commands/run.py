@@ -49,6 +49,7 @@ from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_pairs, fitting
 from fa2_verify.verify.golden_time import DEFAULT_MAX_SECONDS, positive_seconds
 from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
 from fa2_verify.verify.scale_cases import SCALE_CASES
+from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
 from fa2_verify.verify.report_json import build_tolerance_report, collect_environment, write_tolerance_report
@@ -137,8 +138,8 @@ def _seconds(value: float | None) -> str:
 
 
 def add_target_arguments(parser) -> None:
-    """``--kernel``, ``--device`` and ``--max-golden-seconds``, shared by every command that runs cases
-    (``run``, ``repro``, ``baseline``, ``gate``)."""
+    """``--kernel``, ``--device``, ``--max-golden-seconds`` and ``--call-timeout``, shared by every command
+    that runs cases (``run``, ``repro``, ``baseline``, ``gate``)."""
     parser.add_argument("--kernel", required=True, metavar="NAME", help="bundled short name or module:attr")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument(
@@ -146,15 +147,22 @@ def add_target_arguments(parser) -> None:
         help="refuse, before any case runs, a case whose golden and comparison are estimated to take longer "
         f"(default {DEFAULT_MAX_SECONDS:g})",
     )
+    parser.add_argument(
+        "--call-timeout", type=positive_seconds, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS",
+        help="end the command (status 1, naming the call and its case) when one kernel call runs longer, "
+        f"as a hung GPU kernel does (default {DEFAULT_CALL_TIMEOUT:g})",
+    )
 
 
 
-def resolve_target(kernel_name: str, device: str) -> LoadedKernel:
-    """Load the kernel and check that it and ``device`` can run here (else a one-line error).
+def resolve_target(kernel_name: str, device: str, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> LoadedKernel:
+    """Load the kernel and check that it and ``device`` can run here (else a one-line error); each of its
+    calls may then run ``call_timeout`` seconds (:mod:`verify.watchdog`).
 
     Its hooks are called here, before any case runs, so one that raises is a
     one-line :class:`~core.errors.KernelLoadError` at once.
     """
+    set_call_timeout(call_timeout)
     kernel = load_kernel(kernel_name)
     kernel.config()
     try:
@@ -228,7 +236,7 @@ def handle(args) -> int:
     check_outputs({"--report": report, "--markdown": args.markdown}, overwrite=args.overwrite)
     if args.bounds_check:
         require_interpreter("--bounds-check")
-    kernel = resolve_target(args.kernel, args.device)
+    kernel = resolve_target(args.kernel, args.device, call_timeout=args.call_timeout)
     whole_set = case_set(args.cases, args.device)
     pairs = fitted_pairs(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
     specs = tuple(fitted for _, fitted in pairs)
