@@ -419,6 +419,107 @@ class VarlenQAssumedContiguous(VarlenMutant):
         return torch.as_strided(q, q.shape, torch.empty(q.shape).stride(), q.storage_offset())
 
 
+class VarlenReadsPadding(VarlenMutant):
+    """``forward_varlen`` reads each sequence's last key tile of V in full, past ``cu_seqlens_k[i + 1]`` up to
+    the tile's end, and multiplies those rows by ``P = 0``: inside the batch they are the next sequence's
+    keys (numbers, so the product is 0), but past the last sequence they are the packed batch's padding
+    (vLLM #30887, V tiles read outside what a row sees), and padding holding NaN makes the output NaN."""
+
+    def forward_varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **options):
+        out, lse = super().forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *args, **options)
+        for rows, keys in self._spans(cu_seqlens_q, cu_seqlens_k):
+            past = -(keys.stop - keys.start) % self.block_k
+            if past and keys.stop > keys.start and rows.stop > rows.start:
+                tail = _read_storage(v, (1, past, *v.shape[1:]), (0, *v.stride()), v.storage_offset() + keys.stop * v.stride(0))
+                out[rows] = _plus_zero_times(out[None, rows], tail)[0]
+        return out, lse
+
+
+
+def _read_storage(tensor: torch.Tensor, shape: tuple[int, ...], strides: tuple[int, ...], offset: int) -> torch.Tensor:
+    """What a kernel reads from ``tensor``'s storage through ``shape`` and ``strides`` from element ``offset``,
+    as pointer arithmetic reads it: the storage's elements where they exist, 0 past either end of the
+    storage (memory past an allocation, which a GPU reads without faulting, taken as zeros)."""
+    flat = tensor.new_empty(0).set_(tensor.untyped_storage())
+    index = torch.full(shape, offset, dtype=torch.int64, device=tensor.device)
+    for dim, (size, stride) in enumerate(zip(shape, strides)):
+        index += (torch.arange(size, device=tensor.device) * stride).view([-1 if d == dim else 1 for d in range(len(shape))])
+    inside = (index >= 0) & (index < flat.numel())
+    return torch.where(inside, flat[index.clamp(0, max(flat.numel() - 1, 0))], torch.zeros((), dtype=tensor.dtype))
+
+
+def _contiguous_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` read from its storage offset with the strides of a contiguous tensor of its shape."""
+    return _read_storage(tensor, tuple(tensor.shape), torch.empty(tensor.shape, device="meta").stride(), tensor.storage_offset())
+
+
+def _plus_zero_times(out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``out + P V_past`` with ``P = 0`` for the key rows ``rows`` (batch, keys, heads_kv, head_dim) a tile
+    read past the visible keys: exact on finite rows, NaN where a row holds NaN (``0 * NaN``)."""
+    group = out.shape[2] // rows.shape[2]
+    zeros = torch.zeros(out.shape[0], out.shape[2], out.shape[1], rows.shape[1], dtype=torch.float32)
+    past = torch.einsum("bhij,bjhd->bihd", zeros, rows.repeat_interleave(group, dim=2).to(torch.float32))
+    return (out.to(torch.float32) + past).to(out.dtype)
+
+
+class DoutOutStridesFromShape(Mutant):
+    """The backward walks dO and out with the strides of a contiguous (batch, seqlen, heads, head_dim) tensor,
+    computed from their shapes, whatever their strides: a dO or out that is a view with a larger outer
+    stride (flash-attn #2611, a dO view past 2^31; FlagGems #5235, rows walked by the wrong stride) or with
+    heads outermost is read from the wrong addresses."""
+
+    def backward(self, dout, q, k, v, out, lse, **options):
+        return super().backward(_contiguous_view(dout), q, k, v, _contiguous_view(out), lse, **options)
+
+
+class KvBatchStrideFromShape(Mutant):
+    """K and V are read from their storage with the batch stride ``seqlen_k * heads_kv * head_dim`` that a
+    dense tensor would have: a K/V broadcast over batch with stride 0 (PyTorch #191937, errors of 19.5 in
+    its memory-efficient kernel for shared-KV GQA) is read past its one copy for every batch element but
+    the first, as is any K/V whose batch stride is not the dense one."""
+
+    @staticmethod
+    def _dense_batch(t):
+        strides = (t.shape[1] * t.shape[2] * t.shape[3], *t.stride()[1:])
+        return _read_storage(t, tuple(t.shape), strides, t.storage_offset())
+
+    def forward(self, q, k, v, **options):
+        return super().forward(q, self._dense_batch(k), self._dense_batch(v), **options)
+
+    def backward(self, dout, q, k, v, out, lse, **options):
+        return super().backward(dout, q, self._dense_batch(k), self._dense_batch(v), out, lse, **options)
+
+
+class PointerRoundedTo16Bytes(Mutant):
+    """The forward loads q, k and v from their data pointers rounded down to 16 bytes (a kernel issuing
+    128-bit loads from what it assumes is an aligned base): a tensor at a storage offset that is not a
+    multiple of 16 bytes is read shifted by the remainder."""
+
+    @staticmethod
+    def _aligned_down(t):
+        per_16 = max(1, 16 // t.element_size())
+        return _read_storage(t, tuple(t.shape), t.stride(), t.storage_offset() // per_16 * per_16)
+
+    def forward(self, q, k, v, **options):
+        return super().forward(*(self._aligned_down(t) for t in (q, k, v)), **options)
+
+
+class VPastSeqlenTimesZero(Mutant):
+    """The forward's last key tile reads V in full, past ``seqlen_k`` up to the tile's end, and multiplies
+    those rows by their ``P = 0`` instead of not loading them (FlashAttention-3/4, V rows past
+    ``seqused_k``, flash-attn #2374): exact while the memory there holds numbers, NaN where it holds NaN."""
+
+    def forward(self, q, k, v, **options):
+        out, lse = super().forward(q, k, v, **options)
+        seqlen_k = k.shape[1]
+        past = -seqlen_k % self.block_k
+        if not (past and seqlen_k):
+            return out, lse
+        rows = _read_storage(v, (v.shape[0], past, *v.shape[2:]), v.stride(), v.storage_offset() + seqlen_k * v.stride(1))
+        return _plus_zero_times(out, rows), lse
+
+
+
 LSE_BASE2 = LseBase2()
 CAUSAL_SHIFT = CausalShift()
 TOP_LEFT_CAUSAL = TopLeftCausal()
@@ -448,6 +549,11 @@ SPLIT_KV_LSE_MAX = SplitKvLseMax()
 SPLIT_PARTIALS_IN_FLOAT8 = SplitPartialsInFloat8()
 VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK = VarlenDeterministicDqDropsLastBlock()
 VARLEN_Q_ASSUMED_CONTIGUOUS = VarlenQAssumedContiguous()
+DOUT_OUT_STRIDES_FROM_SHAPE = DoutOutStridesFromShape()
+KV_BATCH_STRIDE_FROM_SHAPE = KvBatchStrideFromShape()
+POINTER_ROUNDED_TO_16_BYTES = PointerRoundedTo16Bytes()
+V_PAST_SEQLEN_TIMES_ZERO = VPastSeqlenTimesZero()
+VARLEN_READS_PADDING = VarlenReadsPadding()
 
 #: name -> mutant kernel; ``tests.mutants:NAME`` loads the same object.
 MUTANTS: dict[str, Mutant] = {

@@ -5,7 +5,7 @@ that copies the start of q from one element too early: a read one element
 before its input.  What it reads never reaches the outputs, so every property
 passes unless the bounds check is on, as with a kernel whose masked-off row
 lies before its tensor (docs/benchmarks.md, "The suite after the search
-changes").  The copy's source is :func:`~fa2_verify.verify.interpreter_bounds.guarded`,
+changes").  The copy's source is :func:`~fa2_verify.core.layouts.guarded`,
 so the stray element lies in its guard, outside every argument.  Runs under
 ``TRITON_INTERPRET=1``.
 """
@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from fa2_verify.kernels.reference import DEFERRED
-from fa2_verify.verify.interpreter_bounds import guarded
+from fa2_verify.core.layouts import guarded
 
 #: Elements of q the stray copy reads (from one before the first).
 COPIED = 16

@@ -14,7 +14,8 @@ import dataclasses
 from fa2_verify.kernels.reference import DEFERRED, TiledAttention
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.varlen import VarlenSpec, pack
-from fa2_verify.verify.kernel_call import run_varlen
+from fa2_verify.core.layouts import in_layout
+from fa2_verify.verify.kernel_call import run_case, run_varlen
 from fa2_verify.verify.registry import LoadedKernel
 from tests import breakers, mutants
 from tests.naive import make_inputs, relative_error
@@ -27,7 +28,8 @@ DEVIATION = 1e-2
 
 #: mutant -> (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim), dtype, call arguments
 #: (standard normal inputs), or a case spec: a case that triggers the mutant's bug; for a varlen
-#: mutant, a packed batch and the memory layout of its inputs (core.layouts).
+#: mutant, a packed batch and the memory layout of its inputs (core.layouts); for a layout mutant,
+#: a case and the layout of its inputs (NaN-guarded, backward handed out in it).
 TRIGGERS = {
     "LSE_BASE2": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "CAUSAL_SHIFT": ((1, 40, 40, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "causal": True}),
@@ -62,6 +64,20 @@ TRIGGERS = {
         VarlenSpec.packing(((20, 24), (7, 40)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32", softmax_scale=0.3,
                            backward=True),
         "strided-seqlen",
+    ),
+    # bugs of memory layouts (core.layouts): a case and the layout of its inputs
+    "DOUT_OUT_STRIDES_FROM_SHAPE": (CaseSpec(batch=2, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=8,
+                                             dtype="float32", softmax_scale=0.3, backward=True), "outer-stride"),
+    "KV_BATCH_STRIDE_FROM_SHAPE": (CaseSpec(batch=2, seqlen_q=20, seqlen_k=20, heads_q=4, heads_kv=2, head_dim=8,
+                                            dtype="float32", softmax_scale=0.3, backward=True), "kv-expanded-batch"),
+    "POINTER_ROUNDED_TO_16_BYTES": (CaseSpec(batch=1, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=8,
+                                             dtype="float16", softmax_scale=0.3, backward=True), "unaligned-offset"),
+    "V_PAST_SEQLEN_TIMES_ZERO": (CaseSpec(batch=2, seqlen_q=20, seqlen_k=20, heads_q=2, heads_kv=2, head_dim=8,
+                                          dtype="float32", softmax_scale=0.3, backward=True), "contiguous"),
+    "VARLEN_READS_PADDING": (
+        VarlenSpec.packing(((20, 24), (7, 20)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32", softmax_scale=0.3,
+                           backward=True),
+        "contiguous",
     ),
     # bugs that standard normal inputs do not reach: a case from a value generator of core.values
     "SKIP_SMALL_RESCALE": CaseSpec(batch=1, seqlen_q=20, seqlen_k=70, heads_q=2, heads_kv=1, head_dim=16,
@@ -104,6 +120,9 @@ def _run(kernel, trigger):
         if kernel is DEFERRED:  # the reference has no varlen entry points: run it sequence by sequence
             kernel = breakers.VARLEN_BY_LOOP
         return run_varlen(LoadedKernel("trigger", kernel), pack(spec, "cpu", layout), backward=True)
+    if isinstance(trigger, tuple) and isinstance(trigger[0], CaseSpec):
+        spec, layout = trigger
+        return run_case(LoadedKernel("trigger", kernel), in_layout(make_case(spec), layout), backward=True)
     if isinstance(trigger, CaseSpec):
         case = make_case(trigger)
         q, k, v, dout = case.q, case.k, case.v, case.dout

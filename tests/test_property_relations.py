@@ -20,7 +20,7 @@ from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.errors import UsageError
 from fa2_verify.kernels.reference import DEFERRED
-from fa2_verify.verify.kernel_call import KernelFailure, run_varlen
+from fa2_verify.verify.kernel_call import KernelFailure, run_case, run_varlen
 from fa2_verify.verify.registry import LoadedKernel
 from tests import breakers
 
@@ -79,7 +79,72 @@ def test_layouts_are_the_same_values_in_other_memory(layout):
     tensor = _case().q
     arranged = layouts.to_layout(tensor, layout)
     assert torch.equal(arranged, tensor) and arranged.stride(-1) == 1
-    assert arranged.is_contiguous() == (layout == "contiguous")
+    # unaligned-offset has contiguous strides; what it changes is the data pointer's alignment
+    assert arranged.is_contiguous() == (layout in ("contiguous", "unaligned-offset"))
+    assert (arranged.data_ptr() % 16 != 0) == (layout == "unaligned-offset")
+
+
+def _outside(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements of ``tensor``'s storage that it does not cover."""
+    flat = tensor.new_empty(0).set_(tensor.untyped_storage())
+    covered = torch.zeros(flat.numel(), dtype=torch.bool)
+    covered.as_strided(tensor.shape, tensor.stride(), tensor.storage_offset()).fill_(True)
+    return flat[~covered]
+
+
+@pytest.mark.parametrize("layout", layouts.LAYOUTS + layouts.JOINT_LAYOUTS)
+def test_every_layout_holds_nan_before_after_and_between_its_elements(layout):
+    """A read outside a tensor (a tile past seqlen_k, flash-attn #2374) reads NaN, whatever the layout."""
+    case = _case()
+    laid = layouts.in_layout(case, layout)
+    for name in ("q", "k", "v", "dout"):
+        tensor = getattr(laid, name)
+        assert tensor.storage_offset() > 0 and tensor.stride(-1) == 1, name
+        outside = _outside(tensor)
+        if layout == "packed-qkv" and name in ("q", "k", "v"):  # the other two tensors share the storage
+            others = sum(getattr(laid, t).numel() for t in ("q", "k", "v") if t != name)
+            assert outside.isnan().sum() == outside.numel() - others, name
+        else:
+            assert outside.numel() > 0 and outside.isnan().all(), name
+    assert laid.out_layout == (layout if layout in layouts.LAYOUTS else "contiguous")
+
+
+def test_joint_layouts_share_storage_or_broadcast_kv():
+    case = _case(seqlen_k=7, heads_kv=4)
+    packed = layouts.in_layout(case, "packed-qkv")
+    assert packed.q.untyped_storage().data_ptr() == packed.k.untyped_storage().data_ptr() == packed.v.untyped_storage().data_ptr()
+    assert packed.q.stride() == packed.k.stride() == (7 * 12 * 8, 12 * 8, 8, 1)  # (B, S, 3, H, D) sliced
+    assert torch.equal(packed.q, case.q) and torch.equal(packed.k, case.k) and torch.equal(packed.v, case.v)
+    for layout, dim in (("kv-expanded-batch", 0), ("kv-expanded-heads", 2)):
+        laid = layouts.in_layout(case, layout)
+        assert laid.k.stride(dim) == laid.v.stride(dim) == 0 and torch.equal(laid.q, case.q)
+        contiguous = layouts.in_layout(laid, "contiguous")  # what the layout property compares with
+        assert contiguous.k.is_contiguous() and torch.equal(contiguous.k, laid.k)
+        assert torch.equal(contiguous.v.narrow(dim, 1, 1), case.v.narrow(dim, 0, 1))
+
+
+def test_backward_is_handed_out_in_the_case_layout():
+    seen = {}
+
+    class Recording(type(DEFERRED)):
+        def backward(self, dout, q, k, v, out, lse, **options):
+            seen["out"] = (out.stride(), out.storage_offset())
+            return super().backward(dout, q, k, v, out, lse, **options)
+
+    kernel = LoadedKernel("recording", Recording())
+    case = make_case(CaseSpec(batch=2, seqlen_q=5, seqlen_k=5, heads_q=2, heads_kv=2, head_dim=8, dtype="float32",
+                              backward=True))
+    run_case(kernel, case)
+    assert seen["out"] == (case.q.stride(), 0)  # no layout named: a plain copy
+    run_case(kernel, layouts.in_layout(case, "outer-stride"))
+    assert seen["out"][0] == layouts.in_layout(case, "outer-stride").q.stride() and seen["out"][1] > 0
+
+
+def test_pack_refuses_a_layout_that_changes_values():
+    spec = VarlenSpec.packing(((3, 4), (2, 5)), heads_q=2, heads_kv=2, head_dim=8, dtype="float32")
+    assert pack(spec, "cpu", "packed-qkv").v.stride(0) == 6 * 8
+    with pytest.raises(ValueError, match="kv-expanded-heads"):
+        pack(spec, "cpu", "kv-expanded-heads")
 
 
 def test_compare_runs_never_passes_nan():

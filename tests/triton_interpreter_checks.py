@@ -22,10 +22,10 @@ import torch
 
 from fa2_verify.bench import checks
 from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.core.layouts import to_layout
+from fa2_verify.core.layouts import guarded, to_layout
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.verify.check import check_case, check_varlen
-from fa2_verify.verify.interpreter_bounds import bounds_checked, guarded
+from fa2_verify.verify.interpreter_bounds import bounds_checked
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.poison import poisoned
 from fa2_verify.verify.registry import load_kernel
@@ -171,7 +171,7 @@ def reads_and_writes_stay_in_bounds() -> None:
         for name in ("causal-window-sk>sq", "window-gqa-d40", "one-query"):
             case = make_case(_spec(name, "float32"))
             mask = {"causal": case.spec.causal, "window_size": case.spec.window_size}
-            q, k, v, dout = (guarded(to_layout(getattr(case, t), "strided-seqlen")) for t in ("q", "k", "v", "dout"))
+            q, k, v, dout = (to_layout(getattr(case, t), "strided-seqlen") for t in ("q", "k", "v", "dout"))
             out, lse = kernel.forward(q, k, v, softmax_scale=SCALE, **mask)
             for deterministic in (False, True):
                 kernel.backward(dout, q, k, v, out, lse, softmax_scale=SCALE, deterministic=deterministic, **mask)

@@ -302,13 +302,17 @@ _FIELD_CHECKS = {
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A spec with its inputs, rounded to the spec's dtype, on one device."""
+    """A spec with its inputs, rounded to the spec's dtype, on one device.
+
+    ``out_layout``: the memory layout (:data:`core.layouts.LAYOUTS`) in which ``backward`` is handed its
+    copy of the forward's ``out``; ``None`` hands a plain copy."""
 
     spec: CaseSpec
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
     dout: torch.Tensor
+    out_layout: str | None = None
 
 
 def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:

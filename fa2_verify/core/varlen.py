@@ -22,7 +22,7 @@ import torch
 from fa2_verify.core.case import Case, CaseSpec, check_field, is_length, make_case
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.core.errors import UsageError
-from fa2_verify.core.layouts import to_layout
+from fa2_verify.core.layouts import LAYOUTS, VALUE_KEEPING_JOINT_LAYOUTS, arrange
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,22 +140,26 @@ def _cumulative(lengths: list[int], device: str) -> torch.Tensor:
 
 def pack(spec: VarlenSpec, device: str, layout: str = "contiguous") -> Packed:
     """Build every sequence's inputs and pack them (flash-attn varlen layout), q, k, v and dout in the
-    memory ``layout`` of :data:`core.layouts.LAYOUTS` (a packed tensor is one batch of ``total`` rows):
-    varlen inputs are often views, e.g. q, k, v sliced from one packed qkv tensor."""
+    memory ``layout`` of :data:`core.layouts.LAYOUTS` or :data:`core.layouts.VALUE_KEEPING_JOINT_LAYOUTS`
+    (a packed tensor is one batch of ``total`` rows), each in NaN-guarded storage: varlen inputs are often
+    views, e.g. q, k, v sliced from one packed qkv tensor, and the rows past the last sequence are padding."""
+    if layout not in LAYOUTS + VALUE_KEEPING_JOINT_LAYOUTS:
+        raise ValueError(f"layout={layout!r} would change a packed batch's values: use one of "
+                         f"{LAYOUTS + VALUE_KEEPING_JOINT_LAYOUTS}")
     cases = tuple(make_case(spec.sequence(index), device) for index in range(len(spec.seqlens)))
-
-    def packed(name: str) -> torch.Tensor:
-        return to_layout(torch.cat([getattr(case, name)[0] for case in cases])[None], layout)[0]
-
+    q, k, v, dout = (
+        tensor[0] for tensor in arrange(*(torch.cat([getattr(case, name)[0] for case in cases])[None]
+                                          for name in ("q", "k", "v", "dout")), layout)
+    )
     lengths_q = [seqlen_q for seqlen_q, _ in spec.seqlens]
     lengths_k = [seqlen_k for _, seqlen_k in spec.seqlens]
     return Packed(
         spec=spec,
         cases=cases,
-        q=packed("q"),
-        k=packed("k"),
-        v=packed("v"),
-        dout=packed("dout"),
+        q=q,
+        k=k,
+        v=v,
+        dout=dout,
         cu_seqlens_q=_cumulative(lengths_q, device),
         cu_seqlens_k=_cumulative(lengths_k, device),
         max_seqlen_q=max(lengths_q),

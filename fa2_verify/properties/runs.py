@@ -17,6 +17,7 @@ import dataclasses
 import torch
 
 from fa2_verify.core.case import Case
+from fa2_verify.core.layouts import guarded_case
 from fa2_verify.verify.kernel_call import run_case
 from fa2_verify.verify.registry import LoadedKernel
 
@@ -39,5 +40,6 @@ class Outputs:
 
 
 def run(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> Outputs:
-    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse."""
-    return Outputs(**run_case(kernel, case, backward=backward))
+    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse,
+    every input in NaN-guarded storage (:func:`core.layouts.guarded_case`)."""
+    return Outputs(**run_case(kernel, guarded_case(case), backward=backward))

@@ -14,9 +14,9 @@ property suite runs under it with ``--fa2-bounds-check``.
 
 A tensor's allowed span runs from its first to one past its last element
 (strides are non-negative).  A stray access can still land inside another
-argument of the same launch and go unseen; :func:`guarded` places a tensor in
-the middle of a storage three times its span, so that an access just before
-or after it lands in its own guard, which no launch argument covers (the
+argument of the same launch and go unseen; :func:`core.layouts.guarded` places a
+tensor in a NaN-filled storage with a guard before and after it, so that an access
+just before or after it lands in its own guard, which no launch argument covers (the
 project's own checks guard their inputs: tests/triton_interpreter_checks.py).
 The check patches the interpreter's ``GridExecutor`` and
 ``InterpreterBuilder`` (Triton 3.6 to 3.9), restored on exit.
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from fa2_verify.core.errors import UsageError
+from fa2_verify.core.layouts import storage_span
 
 #: The interpreter's launch and memory operations the check wraps, by class.
 _PATCHED = {"GridExecutor": ("__call__",),
@@ -51,26 +52,11 @@ def require_interpreter(flag: str) -> None:
                          "accesses of kernels that the Triton interpreter runs")
 
 
-def _elements(tensor: torch.Tensor) -> int:
-    """How many elements of storage ``tensor`` spans, from its first to its last (strides are non-negative)."""
-    return 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
-
-
-def guarded(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor``'s values and strides, in the middle third of a NaN-filled storage (integers: -1)."""
-    span = _elements(tensor)
-    fill = float("nan") if tensor.dtype.is_floating_point else -1
-    storage = torch.full((3 * span,), fill, dtype=tensor.dtype)
-    view = storage.as_strided(tensor.shape, tensor.stride(), storage_offset=span)
-    view.copy_(tensor)
-    return view
-
-
 def _span(tensor: torch.Tensor) -> tuple[int, int] | None:
     """[first byte, one past the last byte) of ``tensor``'s elements, or ``None`` when it has none."""
     if tensor.numel() == 0:
         return None
-    return tensor.data_ptr(), tensor.data_ptr() + _elements(tensor) * tensor.element_size()
+    return tensor.data_ptr(), tensor.data_ptr() + storage_span(tuple(tensor.shape), tensor.stride()) * tensor.element_size()
 
 
 @contextlib.contextmanager

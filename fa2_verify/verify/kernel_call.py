@@ -33,6 +33,7 @@ import torch
 from fa2_verify.core.contract import GRADIENTS, dtype_name
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.core.errors import UnsupportedCase
+from fa2_verify.core.layouts import to_layout
 from fa2_verify.core.varlen import Packed
 from fa2_verify.verify import device_fault
 from fa2_verify.verify.poison import poisoned
@@ -149,7 +150,8 @@ def call_entry(
 
 
 def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) -> dict[str, torch.Tensor]:
-    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse."""
+    """Forward, then (if ``backward``, by default ``case.spec.backward``) backward on copies of the forward's out and lse,
+    ``out`` in ``case.out_layout`` when the case names one."""
     spec = case.spec
     layouts = contract_layouts(spec)
     device = case.q.device
@@ -162,6 +164,8 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
     if spec.backward if backward is None else backward:
         handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
         handed |= {name: outputs[name].clone() if name in outputs else None for name in ("out", "lse")}
+        if case.out_layout is not None:
+            handed["out"] = to_layout(handed["out"], case.out_layout)
         outputs |= call_entry(
             kernel, "backward", handed, GRADIENTS, layouts, device,
             lambda dout, q, k, v, out, lse: kernel.backward(
