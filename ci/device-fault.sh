@@ -13,7 +13,8 @@
 # 1 errors".  Prints "device-fault: ok" and exits 0 when all of that holds.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# shellcheck source=ci/device-common.sh
+source ci/device-common.sh
 out="$(mktemp -d)"
 python3 -m fa2_verify run --device cuda --kernel tests.out_of_bounds:KERNEL --case fp16-none-sk1 \
     --case fp32-none-gqa --case fp32-window-mqa >"$out/stdout" 2>"$out/stderr"
