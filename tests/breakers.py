@@ -7,6 +7,8 @@ checks that each property catches its breaker.  :data:`RANDOM_ORDER_DQ`,
 :class:`GqaRandomOrderDkDv` and :data:`VARLEN_BY_LOOP` are correct kernels:
 the positive controls of the dQ spread bound, of the declared GQA dK/dV
 order (the test varies its declaration), and of the varlen property.
+:class:`SmallHeadDimsFailToCompile` wraps any kernel with a kernel error at a
+declared shape (docs/properties.md, "Kernel errors").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from fa2_verify.core.contract import UNBOUNDED, visible_mask
 from fa2_verify.kernels.reference import DEFERRED
+from tests import mutants
 
 
 class _Broken:
@@ -194,6 +197,30 @@ class GqaRandomOrderDkDv(_Broken):
         return dq, summed(dk), summed(dv)
 
 
+class CompilationError(Exception):
+    """Stands in for ``triton.compiler.errors.CompilationError``."""
+
+
+class SmallHeadDimsFailToCompile:
+    """``kernel``, except that its forward raises :class:`CompilationError` for a head dim below
+    :attr:`SMALLEST`, which it still declares (as a Triton kernel whose ``tl.dot`` needs 16 columns):
+    a kernel error at a declared shape, beside whatever ``kernel`` itself gets wrong."""
+
+    SMALLEST = 9
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.capabilities = kernel.capabilities
+
+    def forward(self, q, k, v, **options):
+        if q.shape[-1] < self.SMALLEST:
+            raise CompilationError(f"at 12:8: tl.dot needs K >= 16, got head_dim {q.shape[-1]}")
+        return self.kernel.forward(q, k, v, **options)
+
+    def backward(self, *args, **options):
+        return self.kernel.backward(*args, **options)
+
+
 FIRST_KEY_LEAK = FirstKeyLeak()
 LEVEL_DEPENDENT_OUT = LevelDependentOut()
 BATCH_LEAK = BatchLeak()
@@ -205,3 +232,5 @@ NOISY_DQ = NoisyDq()
 VARLEN_OVERRUN = VarlenByLoop(overrun=1)
 VARLEN_BY_LOOP = VarlenByLoop()
 RANDOM_ORDER_DQ = RandomOrderDq()
+SMALL_HEAD_DIMS_FAIL = SmallHeadDimsFailToCompile(DEFERRED)
+SMALL_HEAD_DIMS_FAIL_LSE_BASE2 = SmallHeadDimsFailToCompile(mutants.LSE_BASE2)

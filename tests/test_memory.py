@@ -151,8 +151,8 @@ def test_a_bad_max_golden_seconds_is_one_line(value, capsys):
     error = capsys.readouterr().err
     assert raised.value.code == 2 and "--max-golden-seconds" in error and error.count("\n") == 1
     with pytest.raises(pytest.UsageError, match="--fa2-max-golden-seconds"):
-        plugin._seconds_option(value)
-    assert plugin._seconds_option("90") == 90.0
+        plugin._seconds_option("--fa2-max-golden-seconds", value)
+    assert plugin._seconds_option("--fa2-max-golden-seconds", "90") == 90.0
 
 
 def test_the_property_suite_declines_a_case_over_its_time_limit():

@@ -68,6 +68,9 @@ BAD_OPTIONS = {
     "empty-profile": ("--fa2-profile=", "--fa2-profile=: not a profile"),
     "empty-examples-dir": ("--fa2-examples-dir=", "--fa2-examples-dir=: names no directory"),
     "zero-call-timeout": ("--fa2-kernel=reference --fa2-call-timeout=0", "--fa2-call-timeout=0: '0' is not a number"),
+    "zero-time-budget": ("--fa2-kernel=reference --fa2-time-budget=0", "--fa2-time-budget=0: "),
+    "empty-failures": ("--fa2-kernel=reference --fa2-failures=", "--fa2-failures=: names no file"),
+    "time-budget-without-kernel": ("--fa2-time-budget=60", "--fa2-time-budget needs --fa2-kernel=NAME|module:attr"),
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-kernel": ("--fa2-bounds-check", "--fa2-bounds-check needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-interpreter": (
@@ -216,6 +219,45 @@ def test_failure_shrinks_and_prints_the_one_line_reproduction(run):
             "*@reproduce_failure(*",
         ]
     )
+
+
+@pytest.mark.slow
+def test_a_kernel_error_is_reported_once_and_hides_no_value_failure(run, pytester):
+    """tests/breakers.py: CompilationError below head_dim 9 (declared) and a base-2 LSE.  The first property
+    reports the error, the second leaves its head dims alone and fails on the LSE; the summary names the
+    error once, in the kernel's terms; each failure is in the failure log."""
+    kernel = "tests.breakers:SMALL_HEAD_DIMS_FAIL_LSE_BASE2"
+    failures = pytester.path / "failures.jsonl"
+    result = run("--pyargs", "fa2_verify.properties", "-k", "test_out_within_error_model or test_lse_within_error_model",
+                 f"--fa2-kernel={kernel}", "--fa2-profile=ci", "--fa2-dtypes=float32", f"--fa2-failures={failures}")
+    result.assert_outcomes(failed=2)
+    output = result.stdout.str()
+    out_failure, lse_failure = (output.split(f"_ {name}[float32] _")[1] for name in ("test_out_within_error_model",
+                                                                                   "test_lse_within_error_model"))
+    lse_failure = lse_failure.split("fa2-verify property suite")[0]
+    assert "KernelError[forward raised CompilationError]" in out_failure.split(f"_ test_lse_within")[0]
+    assert "CompilationError" not in lse_failure and "lse (float32) mismatches the golden" in lse_failure
+    summary = [line for line in output.splitlines() if line.startswith("kernel error: ")]
+    assert len(summary) == 1 and summary[0].startswith(
+        f"kernel error: {kernel} declares head_dim 1..512; its forward raises CompilationError for head_dim <= 8 ("
+    ), summary
+    assert "reported once, by test_out_within_error_model[float32]" in summary[0]
+    logged = [json.loads(line) for line in failures.read_text().splitlines()]
+    assert {(record["test"], record["stage"], record["failure"]) for record in logged} == {
+        (f"{name}[float32]", stage, failure)
+        for name, failure in (("test_out_within_error_model", "KernelError[forward raised CompilationError]"),
+                              ("test_lse_within_error_model", "PropertyFailure"))
+        for stage in ("found", "last")
+    }
+
+
+def test_a_time_budget_ends_a_property_early_with_its_example_count(run):
+    result = run("--pyargs", "fa2_verify.properties", "-k", "test_out_within_error_model",
+                 "--fa2-kernel=reference", "--fa2-profile=ci", "--fa2-dtypes=float32", "--fa2-time-budget=0.5")
+    result.assert_outcomes(passed=1)
+    (line,) = [line for line in result.stdout.lines if line.startswith("examples of test_out_within_error_model: ")]
+    assert line.endswith("; stopped at its time share of 0.5 s: float32"), line
+    assert 1 <= int(line.split(": ")[1].split(" ")[0]) < profiles.get("ci").max_examples, line
 
 
 CRASHING = "tests.crashing:ABORTS_ON_HEAD_DIM_40"

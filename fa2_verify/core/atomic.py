@@ -9,6 +9,11 @@ when overwriting is allowed, else ``os.link``, which fails with
 clobbered, not even by a concurrent writer.  Reports (:mod:`verify.atomic`),
 golden cache entries (:mod:`golden.cache`) and the property suite's
 in-flight records (:mod:`properties.inflight`) are written through it.
+
+A log that grows while a run goes on (the property suite's failures,
+:mod:`properties.failure_log`) is appended to a line at a time
+(:func:`append_line`): one ``write`` to a file opened with ``O_APPEND``, so
+lines of concurrent writers never interleave, and a reader finds whole lines.
 """
 
 from __future__ import annotations
@@ -45,3 +50,20 @@ def write_bytes_atomic(target: pathlib.Path, data: bytes, *, overwrite: bool, sy
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary)
     return target
+
+
+def append_line(target: pathlib.Path, line: str, *, sync: bool = True) -> None:
+    """Append ``line`` (a newline is added) to ``target``, created with the umask's mode if missing, in one
+    ``write`` to a descriptor opened with ``O_APPEND`` (the offset moves and the bytes land in one step, so
+    processes appending to one file never interleave), then ``fsync`` unless ``sync=False``; ``OSError`` on
+    failure, including a short write (a full disk)."""
+    data = (line.rstrip("\n") + "\n").encode()
+    descriptor = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, FILE_MODE)
+    try:
+        written = os.write(descriptor, data)
+        if written != len(data):
+            raise OSError(f"{target}: wrote {written} of {len(data)} bytes of a line")
+        if sync:
+            os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

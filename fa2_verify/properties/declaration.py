@@ -48,6 +48,19 @@ class MaskFailure(PropertyFailure):
     """
 
 
+class KernelError(PropertyFailure):
+    """The kernel raised on a case inside its declared capabilities (a ``CompilationError`` at a head dim it
+    declares, an assertion on its tiles): what it declares and what it runs do not match.
+
+    Each distinct error (entry point and exception type) is a subclass of its
+    own (:func:`properties.kernel_errors.failure_class`), so Hypothesis
+    searches and shrinks it apart from the value and mask failures, and apart
+    from the kernel's other errors; ``error`` is ``(entry, exception type)``.
+    """
+
+    error: tuple[str, str] = ("", "")
+
+
 class DeviceLost(BaseException):
     """The CUDA device faulted (an illegal address, say), which ends its context: every later call in the
     process raises the same error, whatever the case.  A ``BaseException``, so Hypothesis neither replays

@@ -94,8 +94,11 @@ def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callabl
     ``data`` under ``test_settings`` with the shard's budget and seed; the plugin makes the suite draw the
     shard's dtype.
 
-    Each example ends with :meth:`Suite.finished`, however it ends, so the
-    case it announced is withdrawn (:mod:`properties.inflight`); one whose own
+    Each example starts with :meth:`Suite.example_starts` and ends with
+    :meth:`Suite.example_ended`, however it ends, so the case it announced is
+    withdrawn (:mod:`properties.inflight`), it is counted, a failure is
+    logged as it happens, and, once the test's time share is spent, the test
+    ends there, passing (:mod:`properties.pacing`); one whose own
     work on the GPU found it full ends as :class:`~properties.declaration.DeviceOutOfMemory`
     (:func:`verdicts.harness_out_of_memory`).  The test
     takes the declaration's name and docstring but not its signature
@@ -106,13 +109,17 @@ def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callabl
     """
 
     def example(fa2_suite: Suite, data: st.DataObject) -> None:
+        fa2_suite.example_starts()
         try:
-            prop.check(fa2_suite, data)
-        except RuntimeError as error:  # torch.OutOfMemoryError and AcceleratorError are RuntimeErrors
-            verdicts.harness_out_of_memory(fa2_suite, error)
+            try:
+                prop.check(fa2_suite, data)
+            except RuntimeError as error:  # torch.OutOfMemoryError and AcceleratorError are RuntimeErrors
+                verdicts.harness_out_of_memory(fa2_suite, error)
+                raise
+        except BaseException as error:
+            fa2_suite.example_ended(error)
             raise
-        finally:
-            fa2_suite.finished()
+        fa2_suite.example_ended(None)
 
     functools.update_wrapper(example, prop.check, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
     del example.__wrapped__

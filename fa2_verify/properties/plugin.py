@@ -41,6 +41,13 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   :data:`FINISHED` as it ends, so a pytest that exits 0 without it (a kernel
   ended the process some other way) fails the command.
 
+* A kernel error at a declared shape is reported once, by the first test
+  that meets it, and later tests leave its ``(head_dim, dtype)`` alone
+  (:mod:`properties.kernel_errors`); ``--fa2-time-budget`` ends each test
+  once its share of the run's time is spent, the summary counts each
+  property's examples, and ``--fa2-failures`` gets each failure as it
+  happens (:mod:`properties.pacing`, :mod:`properties.failure_log`).
+
 Importing this module is cheap: it is loaded into every pytest run, so torch,
 Hypothesis and the kernels are imported only when a property test needs them.
 """
@@ -140,6 +147,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"GPU kernel does (default {DEFAULT_CALL_TIMEOUT:g}; fa2_verify.verify.watchdog)",
     )
     group.addoption(
+        "--fa2-time-budget",
+        default=None,
+        metavar="SECONDS",
+        help="wall time of the run: each property test stops generating once its share is spent "
+        "(SECONDS x workers / tests; fa2_verify.properties.pacing), reporting the examples it ran",
+    )
+    group.addoption(
+        "--fa2-failures",
+        default=None,
+        metavar="FILE",
+        help="append each failure to FILE as it happens, one JSON line (default failures.jsonl in the examples "
+        "directory, if it exists)",
+    )
+    group.addoption(
         "--fa2-examples-dir",
         default=None,
         metavar="DIR",
@@ -201,15 +222,19 @@ def pytest_configure(config: pytest.Config) -> None:
     device = DEFAULT_DEVICE if device_option is None else device_option
     bounds_check = config.getoption("fa2_bounds_check")
     durations = config.getoption("fa2_durations")
-    max_golden_seconds = _seconds_option(config.getoption("fa2_max_golden_seconds"))
-    call_timeout = _seconds_option(config.getoption("fa2_call_timeout"), "--fa2-call-timeout")
+    max_golden_seconds = _seconds_option("--fa2-max-golden-seconds", config.getoption("fa2_max_golden_seconds"))
+    call_timeout = _seconds_option("--fa2-call-timeout", config.getoption("fa2_call_timeout"))
+    time_budget = _seconds_option("--fa2-time-budget", config.getoption("fa2_time_budget"))
+    failures = config.getoption("fa2_failures")
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
                                       ("--fa2-bounds-check", bounds_check or None),
                                       ("--fa2-durations", durations),
                                       ("--fa2-max-golden-seconds", max_golden_seconds),
-                                      ("--fa2-call-timeout", call_timeout)) if value is not None),
+                                      ("--fa2-call-timeout", call_timeout),
+                                      ("--fa2-time-budget", time_budget), ("--fa2-failures", failures))
+             if value is not None),
             None,
         )
         if alone is not None:
@@ -229,6 +254,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "dtypes": dtypes,
         "database_dir": database_dir,
         "max_golden_seconds": max_golden_seconds,
+        "time_budget": time_budget,
+        "failures": _failures_option(failures, database_dir) if kernel_name is not None else None,
     }
     config.stash[_inflight_key] = _inflight(config)
     config.pluginmanager.register(Summary(property_run=kernel_name is not None), "fa2-verify-summary")
@@ -242,9 +269,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                       _DURATION_LOG)
 
 
-def _seconds_option(text: str | None, flag: str = "--fa2-max-golden-seconds") -> float | None:
-    """``flag``'s value (``--fa2-max-golden-seconds``, ``--fa2-call-timeout``): a finite number of seconds > 0
-    (``None`` without the option)."""
+def _seconds_option(flag: str, text: str | None) -> float | None:
+    """``--fa2-max-golden-seconds``, ``--fa2-call-timeout``, ``--fa2-time-budget``: a finite number of seconds
+    > 0 (``None`` without the option)."""
     if text is None:
         return None
     from argparse import ArgumentTypeError
@@ -255,6 +282,16 @@ def _seconds_option(text: str | None, flag: str = "--fa2-max-golden-seconds") ->
         return positive_seconds(text)
     except ArgumentTypeError as exc:
         raise _usage(flag, text, str(exc)) from None
+
+
+def _failures_option(option: str | None, examples_dir: pathlib.Path) -> pathlib.Path | None:
+    """``--fa2-failures``: the failure log (:func:`properties.failure_log.failures_path`)."""
+    from fa2_verify.properties.failure_log import failures_path
+
+    try:
+        return failures_path(option, examples_dir)
+    except ValueError as exc:
+        raise _usage("--fa2-failures", option, str(exc)) from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -371,6 +408,8 @@ def fa2_suite(request: pytest.FixtureRequest):
     """The :class:`properties.session.Suite` of this run: kernel, device, profile, golden options (every
     property test takes it, :func:`properties.harness.build_test`)."""
     from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
+    from fa2_verify.properties.failure_log import FailureLog
+    from fa2_verify.properties.kernel_errors import SHARED_FILE, KernelErrors
     from fa2_verify.properties.session import Suite
     from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.verify.registry import load_kernel
@@ -388,6 +427,8 @@ def fa2_suite(request: pytest.FixtureRequest):
         dtypes=options["dtypes"],
         inflight=inflight_of(request.config),
         max_golden_seconds=options["max_golden_seconds"],
+        kernel_errors=KernelErrors(inflight_of(request.config).directory / SHARED_FILE),
+        failure_log=FailureLog(options["failures"], kernel.name, options["device"]) if options["failures"] else None,
     )
 
 
@@ -475,15 +516,19 @@ def pytest_runtest_setup(item: pytest.Item):
 def pytest_runtest_call(item: pytest.Item):
     if not _is_property(item):
         return (yield)
+    from fa2_verify.properties.pacing import ShareSpent, time_share
+
     suite = item.funcargs["fa2_suite"]
-    suite.test = item.name
-    suite.dtype = item.obj.fa2_dtype
-    suite.take_observations()
-    suite.take_results()
+    budget = item.config.stash[_options_key]["time_budget"]
+    workers = getattr(item.config, "workerinput", {}).get("workercount", 1)
+    tests = sum(map(_is_property, item.session.items))
+    suite.start_test(item.name, item.obj.fa2_dtype, time_share(budget, tests, workers) if budget else None)
     try:
         return (yield)
+    except ShareSpent:
+        return None
     finally:
-        item.user_properties.append((_OBSERVED, json.dumps(suite.take_observations())))
+        item.user_properties.append((_OBSERVED, json.dumps(suite.end_test())))
         results = suite.take_results()
         if item.config.getoption("allure_report_dir", None):
             from fa2_verify.verify import allure_report
@@ -507,6 +552,8 @@ class Summary:
         self.worst: dict[tuple[str, str], dict[str, Any]] = {}
         self.verified = 0
         self.nothing_verified = False
+        self.counts: Any = None
+        self.kernel_errors: Any = None
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         prop = report.nodeid.split("::")[-1].split("[")[0]
@@ -523,6 +570,19 @@ class Summary:
                     self.declined[reason] = self.declined.get(reason, 0) + count
                 for record in records:
                     self._merge((prop, record["label"]), record)
+                self._add_counts(report.nodeid.split("::")[-1], observed)
+
+    def _add_counts(self, test: str, observed: dict[str, Any]) -> None:
+        """The test's examples (:class:`properties.pacing.Counts`) and kernel errors
+        (:class:`properties.kernel_errors.Summary`)."""
+        from fa2_verify.properties.kernel_errors import Summary as KernelErrorSummary
+        from fa2_verify.properties.pacing import Counts
+
+        if self.counts is None:
+            self.counts, self.kernel_errors = Counts(), KernelErrorSummary()
+        self.counts.add(test, observed["pacing"])
+        if "kernel_errors" in observed:
+            self.kernel_errors.add(observed["kernel_errors"])
 
     def _merge(self, key: tuple[str, str], record: dict[str, Any]) -> None:
         """Keep the worst record of a property's label over its dtype shards, counting every shard's examples."""
@@ -568,6 +628,8 @@ class Summary:
             lines.append(
                 f"{self.examples} examples checked in {self.seconds:.1f} s of test time ({rate:.2f} examples/s per worker)"
             )
+        if self.counts is not None:
+            lines += self.kernel_errors.lines() + self.counts.lines()
         for reason, properties in sorted(self.unsupported.items()):
             lines.append(f"unsupported: {len(properties)} propert{'y' if len(properties) == 1 else 'ies'}: {reason}")
         for reason, count in sorted(self.declined.items()):

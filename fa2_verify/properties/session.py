@@ -8,6 +8,11 @@ the worst case it found per property, the quantity ``hypothesis.target``
 steers toward.  Each example's case is announced with :meth:`Suite.running`
 before the kernel sees it and withdrawn with :meth:`Suite.finished`, so a
 process that dies in the kernel leaves it behind (:mod:`properties.inflight`).
+A property test runs between :meth:`Suite.start_test` and :meth:`Suite.end_test`;
+each of its examples between :meth:`Suite.example_starts` (which ends the
+test once its time share is spent, :mod:`properties.pacing`) and
+:meth:`Suite.example_ended` (counted, a failure logged as it happens).  The
+kernel's errors are tracked by :mod:`properties.kernel_errors`.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from typing import Any
 from hypothesis import strategies as st
 
 from fa2_verify.properties.cases import Limits, case_specs
+from fa2_verify.properties.failure_log import FailureLog
 from fa2_verify.properties.inflight import InFlight
+from fa2_verify.properties.kernel_errors import KernelErrors
+from fa2_verify.properties.pacing import Pacing
 from fa2_verify.properties.profiles import Profile
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties.varlen import varlen_specs
@@ -56,6 +64,10 @@ class Suite:
     (the plugin sets it, ``test`` to the property test running now and
     ``dtype`` to the one dtype that test draws, its shard:
     :func:`properties.harness.shards`; ``None`` draws every dtype).
+    ``kernel_errors``, if given, reports each distinct kernel error once in
+    the run and steers the other tests away from its shape class
+    (:mod:`properties.kernel_errors`; without it each test reports what it
+    meets); ``failure_log``, if given, gets each failure as it happens.
     """
 
     kernel: LoadedKernel
@@ -65,6 +77,9 @@ class Suite:
     dtypes: tuple[str, ...] | None = None
     inflight: InFlight | None = None
     max_golden_seconds: float | None = None
+    kernel_errors: KernelErrors | None = None
+    failure_log: FailureLog | None = None
+    pacing: Pacing = dataclasses.field(default_factory=Pacing)
     test: str = ""
     dtype: str | None = None
     #: The reproduction of the case the example runs now (:meth:`running`), "" between examples.
@@ -121,6 +136,8 @@ class Suite:
         else:
             reproduction = spec.reproduction(self.kernel.name, self.device)
         self.running_case = reproduction
+        if self.kernel_errors is not None:
+            self.kernel_errors.begin(spec)
         if self.inflight is not None:
             self.inflight.begin(
                 kernel=self.kernel.name, device=self.device, test=self.test, case=spec.to_dict(), reproduction=reproduction
@@ -129,12 +146,57 @@ class Suite:
     def finished(self) -> None:
         """The example is over, however it ended: withdraw its case (:meth:`running`)."""
         self.running_case = ""
+        if self.kernel_errors is not None:
+            self.kernel_errors.end()
         if self.inflight is not None:
             self.inflight.end()
 
     def decline(self, reason: str) -> None:
         """Record an example the kernel declined at run time (:class:`~core.errors.UnsupportedCase`)."""
         self._unsupported[reason] = self._unsupported.get(reason, 0) + 1
+        if self.kernel_errors is not None:
+            self.kernel_errors.declined()
+
+    def reports_kernel_error(self, error: tuple[str, str], spec: CaseSpec, reason: str, reproduction: str) -> bool:
+        """The kernel raised ``error`` (entry point, exception type) on ``spec``: whether this test reports it
+        (:meth:`properties.kernel_errors.KernelErrors.met`; always, without ``kernel_errors``)."""
+        if self.kernel_errors is None:
+            return True
+        return self.kernel_errors.met(error, spec, reason, reproduction)
+
+    def start_test(self, test: str, dtype: str | None, share: float | None = None) -> None:
+        """Property test ``test`` starts, drawing ``dtype`` (``None``: every dtype) for at most ``share`` seconds
+        (:mod:`properties.pacing`); what earlier tests left is dropped."""
+        self.test, self.dtype = test, dtype
+        self.take_observations()
+        self.take_results()
+        self.pacing = Pacing(test, share, self.failure_log)
+        if self.kernel_errors is not None:
+            self.kernel_errors.start(test)
+
+    def example_starts(self) -> None:
+        """An example starts (:meth:`properties.pacing.Pacing.begin`)."""
+        self.pacing.begin()
+
+    def example_ended(self, error: BaseException | None) -> None:
+        """The example is over, ``error`` what it raised: withdraw its case (:meth:`finished`), count it, log a
+        failure; :class:`~properties.pacing.ShareSpent` when it passed and the test's time share is spent."""
+        reproduction = self.running_case
+        self.finished()
+        self.pacing.ended(error, reproduction)
+
+    def end_test(self) -> dict[str, Any]:
+        """The test is over: :meth:`take_observations`, with its example counts (``pacing``) and, if tracked,
+        its kernel errors (``kernel_errors``, with the kernel's name and declared head dims)."""
+        observed = self.take_observations()
+        observed["pacing"] = self.pacing.finish()
+        if self.kernel_errors is not None:
+            observed["kernel_errors"] = {
+                **self.kernel_errors.take(),
+                "kernel": self.kernel.name,
+                "declared": list(self.kernel.capabilities.head_dims_on(self.device)),
+            }
+        return observed
 
     def keep(self, result: CaseResult) -> None:
         """Keep a comparison against the golden for the test's report (Allure distributions)."""

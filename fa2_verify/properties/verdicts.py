@@ -21,7 +21,8 @@ import torch
 from hypothesis import note, reject, target
 
 from fa2_verify.properties import relations
-from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, MaskFailure, PropertyFailure
+from fa2_verify.properties.declaration import DeviceLost, DeviceOutOfMemory, KernelError, MaskFailure, PropertyFailure
+from fa2_verify.properties.kernel_errors import failure_class, ranges
 from fa2_verify.properties.runs import Outputs, run
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import device_fault as faults
@@ -29,7 +30,7 @@ from fa2_verify.verify import error_model
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.verify.check import bounds_for, golden_for
 from fa2_verify.core.errors import CaseTooLarge, UnsupportedCase
-from fa2_verify.verify.kernel_call import KernelFailure
+from fa2_verify.verify.kernel_call import KernelFailure, raised_error
 from fa2_verify.verify.memory import require_fits
 from fa2_verify.verify.metrics import OutputComparison, describe_failure, masked_element
 from fa2_verify.verify.results import CaseResult
@@ -53,12 +54,20 @@ def introduce(suite: Suite, spec: CaseSpec) -> None:
     (:func:`require_working_device`).
     """
     require_working_device(suite)
+    require_unblocked(suite, spec)
     suite.running(spec)
     note(f"reproduce: {suite.running_case}")
     try:
         require_fits(spec, suite.device, suite.golden_options, suite.max_golden_seconds)
     except CaseTooLarge as exc:
         declined(suite, str(exc))
+
+
+def require_unblocked(suite: Suite, spec: CaseSpec) -> None:
+    """Discard, before the kernel runs, an example whose shape class ``(head_dim, dtype)`` met a kernel error
+    that another test of the run reports (:mod:`properties.kernel_errors`): its examples go elsewhere."""
+    if suite.kernel_errors is not None and suite.kernel_errors.blocked(spec) is not None:
+        reject()
 
 
 def declined(suite: Suite, reason: str) -> NoReturn:
@@ -100,10 +109,15 @@ def out_of_memory(error: str) -> bool:
     return "out of memory" in error
 
 
+def _gpu_full(suite: Suite, error: str) -> bool:
+    """Whether ``error`` is an out-of-memory error (:func:`out_of_memory`) of the suite's CUDA device."""
+    return torch.device(suite.device).type == "cuda" and out_of_memory(error)
+
+
 def _fail_if_out_of_memory(suite: Suite, error: str, ran: str) -> None:
     """:class:`DeviceOutOfMemory` when ``error`` is a CUDA device's out-of-memory error (:func:`out_of_memory`)
     met by the example; ``ran`` names its case.  Nothing otherwise."""
-    if torch.device(suite.device).type != "cuda" or not out_of_memory(error):
+    if not _gpu_full(suite, error):
         return
     free, total = torch.cuda.mem_get_info(suite.device)
     held = torch.cuda.memory_reserved(suite.device)
@@ -126,13 +140,18 @@ def harness_out_of_memory(suite: Suite, error: Exception) -> None:
 def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str | None = None) -> NoReturn:
     """Fail the example of a kernel that raised or broke the contract; :class:`DeviceLost` when the call
     ended the CUDA context, :class:`DeviceOutOfMemory` when it found the GPU full (:func:`out_of_memory`),
-    so that the case is reported as it is rather than replayed and shrunk.
+    so that the case is reported as it is rather than replayed and shrunk.  An exception the kernel raised
+    is its distinct error's :class:`KernelError` (:func:`kernel_error`) in the test that reports it, and
+    discards the example in any other test (:mod:`properties.kernel_errors`).
 
     ``case`` names what ran (default: ``spec``'s one-line reproduction; a varlen check passes its batch).
     """
-    suite.observe(label, math.inf, spec)
     ran = case if case is not None else spec.reproduction(suite.kernel.name, suite.device)
     fault = device_fault(suite.device)
+    error = raised_error(reason, suite.kernel.name) if fault is None and not _gpu_full(suite, reason) else None
+    if error is not None and not suite.reports_kernel_error(error, spec, reason[reason.find(suite.kernel.name):], ran):
+        reject()  # another test of the run reports this error (properties.kernel_errors)
+    suite.observe(label, math.inf, spec)
     if fault is not None:
         raise DeviceLost(
             f"{suite.kernel.name} on {suite.device}: the CUDA context faulted in this case ({fault}), so nothing "
@@ -141,7 +160,22 @@ def failed_run(suite: Suite, spec: CaseSpec, label: str, reason: str, case: str 
         )
     _fail_if_out_of_memory(suite, reason, ran)
     result = CaseResult(spec=spec, kernel=suite.kernel.name, device=suite.device, status="error", reason=reason)
+    if error is not None:
+        raise kernel_error(suite, spec, error, describe_failure(result))
     raise PropertyFailure(describe_failure(result))
+
+
+def kernel_error(suite: Suite, spec: CaseSpec, error: tuple[str, str], description: str) -> KernelError:
+    """The failure of a kernel whose ``error = (entry, exception type)`` was raised on ``spec``, a case inside
+    its declared capabilities: the distinct error's own class (:func:`kernel_errors.failure_class`), worded as
+    the mismatch it is, then ``description``."""
+    declared = ranges(suite.kernel.capabilities.head_dims_on(suite.device))
+    return failure_class(error)(
+        f"{suite.kernel.name} declares head_dim {declared} and {spec.dtype} on {suite.device}, but its {error[0]} "
+        f"raised {error[1]} at head_dim {spec.head_dim}: a mismatch between its capabilities and what it runs, "
+        "reported once per run (each distinct error by the first property that meets it; the others leave its "
+        "(head_dim, dtype) alone)\n" + description
+    )
 
 
 def mismatch(result: CaseResult, output: str, context: str = "") -> PropertyFailure:

@@ -26,6 +26,7 @@ per-call limit ends the process, naming the call and its case.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Mapping
 
 import torch
@@ -47,12 +48,23 @@ Layouts = dict[str, tuple[tuple[int, ...], torch.dtype, str]]
 _INTEGER_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+#: What a :class:`KernelFailure`'s message says between ``<kernel>.<entry>`` and the exception the entry point raised.
+RAISED = " raised "
+
+
 class KernelFailure(Exception):
     """The kernel raised or broke the contract; the message says how."""
 
 
 class DeviceFault(KernelFailure):
     """The kernel's call lost the device (an illegal address, say): nothing more can run in this process."""
+
+
+def raised_error(reason: str, kernel_name: str) -> tuple[str, str] | None:
+    """``(entry point, exception type)`` when ``reason`` (a report's reason, holding a :class:`KernelFailure`'s
+    message) says ``kernel_name``'s entry point raised; ``None`` for a broken contract or another message."""
+    found = re.search(re.escape(kernel_name) + r"\.(\w+)" + RAISED + r"([\w.]+)", reason.split("\n", 1)[0])
+    return (found.group(1), found.group(2)) if found else None
 
 
 def contract_layouts(spec: CaseSpec) -> Layouts:
@@ -115,7 +127,7 @@ def call_entry(
                 fault = f"{kernel.name}.{entry} faulted the device: {str(raised).splitlines()[0]}"
                 device_fault.record(fault)
                 raise DeviceFault(fault) from raised.raised
-            raise KernelFailure(f"{kernel.name}.{entry} raised {raised}") from raised.raised
+            raise KernelFailure(f"{kernel.name}.{entry}{RAISED}{raised}") from raised.raised
     for name, bits in before.items():
         if not torch.equal(_bits(inputs[name]), bits):
             raise KernelFailure(f"{kernel.name}.{entry} modified its input {name} in place")
