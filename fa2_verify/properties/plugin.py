@@ -55,7 +55,8 @@ from typing import Any
 
 import pytest
 
-from fa2_verify.properties import profiles, schedule
+from fa2_verify.core.runner_shard import WHOLE_RUN, RunnerShard
+from fa2_verify.properties import profiles, runner_shards, schedule
 from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 
@@ -123,6 +124,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="property-test durations recorded elsewhere, for the tests pytest's cache has not recorded: a copy "
         f"of <cache>/v/{schedule.CACHE_KEY} (e.g. kept in the repository for fresh CI runners); "
         "--dist worksteal orders the tests on them",
+    )
+    group.addoption(
+        "--fa2-shard",
+        default=None,
+        metavar="I/N",
+        help="run shard I of N balanced groups of the property tests (on the --fa2-durations records), the same "
+        "groups on every runner, so N runners with 1/N .. N/N run every test once",
     )
     group.addoption(
         "--fa2-max-golden-seconds",
@@ -194,12 +202,14 @@ def pytest_configure(config: pytest.Config) -> None:
     bounds_check = config.getoption("fa2_bounds_check")
     durations = config.getoption("fa2_durations")
     max_golden_seconds = _seconds_option(config.getoption("fa2_max_golden_seconds"))
+    shard = _shard_option(config.getoption("fa2_shard"))
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
                                       ("--fa2-bounds-check", bounds_check or None),
                                       ("--fa2-durations", durations),
-                                      ("--fa2-max-golden-seconds", max_golden_seconds)) if value is not None),
+                                      ("--fa2-max-golden-seconds", max_golden_seconds),
+                                      ("--fa2-shard", shard)) if value is not None),
             None,
         )
         if alone is not None:
@@ -210,9 +220,12 @@ def pytest_configure(config: pytest.Config) -> None:
         device = _validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
         if bounds_check:
             _check_bounds(config, enter=runs_tests)
+    run_device = DEFAULT_DEVICE if device_option is None else device_option
     config.stash[_options_key] = {
         "kernel": kernel_name,
         "device": device,
+        "run_device": run_device,
+        "shard": shard,
         "profile": profile_name,
         "dtypes": dtypes,
         "database_dir": database_dir,
@@ -223,8 +236,11 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = getattr(config, "cache", None)
     if cache is None and durations is not None:
         raise pytest.UsageError("--fa2-durations needs pytest's cache: drop -p no:cacheprovider")
+    key = schedule.run_key(kernel_name or "", run_device, profile_name)
+    if shard is not None:
+        runs = _durations_runs(durations) if durations is not None else {}
+        config.pluginmanager.register(runner_shards.ShardSelection(shard, runs, key, _order), "fa2-verify-shard")
     if kernel_name is not None and cache is not None and not hasattr(config, "workerinput"):
-        key = schedule.run_key(kernel_name, DEFAULT_DEVICE if device_option is None else device_option, profile_name)
         known = _durations_option(durations, key)
         config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED), known),
                                       _DURATION_LOG)
@@ -244,6 +260,35 @@ def _seconds_option(text: str | None) -> float | None:
         raise _usage("--fa2-max-golden-seconds", text, str(exc)) from None
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under ``--alluredir``, describe a property run in its Allure results (not on an xdist worker): kernel,
+    device, profile, dtypes and runner shard, what ``fa2-verify report`` checks before merging the results
+    of several shards (:mod:`verify.allure_merge`)."""
+    config = session.config
+    alluredir = config.getoption("allure_report_dir", None)
+    options = config.stash.get(_options_key, None)
+    if not alluredir or options is None or options["kernel"] is None or hasattr(config, "workerinput"):
+        return
+    from fa2_verify.verify.allure_merge import write_run
+
+    dtypes = options["dtypes"]
+    write_run(pathlib.Path(alluredir), {
+        "kernel": options["kernel"], "device": options["run_device"], "profile": options["profile"],
+        "dtypes": ",".join(dtypes) if dtypes is not None else "all the kernel runs",
+        "shard": str(options["shard"] or WHOLE_RUN),
+    })
+
+
+def _shard_option(text: str | None) -> RunnerShard | None:
+    """``--fa2-shard``: shard I of N (``None`` without the option)."""
+    if text is None:
+        return None
+    try:
+        return RunnerShard.parse(text)
+    except ValueError as exc:
+        raise _usage("--fa2-shard", text, str(exc)) from None
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session is over: write the file :data:`FINISHED` names, if set (not on an xdist worker)."""
     finished = os.environ.get(FINISHED)
@@ -253,10 +298,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _durations_option(path: str | None, key: str) -> dict[str, list[float]]:
     """``--fa2-durations``: the durations the file holds for runs of ``key`` (none without the option)."""
-    if path is None:
-        return {}
+    return {} if path is None else _durations_runs(path).get(key, {})
+
+
+def _durations_runs(path: str) -> dict[str, dict[str, list[float]]]:
+    """``--fa2-durations``: every kind of run's records in the file (:func:`schedule.file_runs`)."""
     try:
-        return schedule.durations_file(path, key)
+        return schedule.file_runs(path)
     except ValueError as exc:
         raise _usage("--fa2-durations", path, str(exc)) from None
 
@@ -423,6 +471,13 @@ def _is_property(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the collection (:func:`_order`); under ``--fa2-shard`` the shard's selection orders what it keeps
+    (:class:`properties.runner_shards.ShardSelection`, which runs after ``-k``)."""
+    if config.pluginmanager.get_plugin("fa2-verify-shard") is None:
+        _order(config, items)
+
+
+def _order(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the property tests for pytest-xdist's ``worksteal`` (:mod:`properties.schedule`): on a worker
     whose controller passed the durations of earlier runs, and when every test collected is a property test,
     balanced on them (:func:`schedule.balanced`); otherwise dtype-major, any other test keeping its place.
