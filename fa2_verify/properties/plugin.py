@@ -22,7 +22,10 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 * Each run records its property tests' durations in pytest's cache, and
   under ``--dist worksteal`` the workers order the tests on the durations
   recorded before, so that no worker holds two long ones
-  (:mod:`properties.schedule`); without them, dtype-major.
+  (:mod:`properties.schedule`); without them, dtype-major.  ``--fa2-shard I/N``
+  first keeps the I-th of N balanced groups (:mod:`properties.runner_shards`),
+  and under ``--alluredir`` the run is described in its results for
+  ``fa2-verify report`` to merge the shards (:mod:`verify.allure_merge`).
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
   ``<rootdir>/.fa2-golden-cache``.
 * A property needing a capability the kernel lacks (or a kernel that cannot

@@ -17,7 +17,8 @@ That adds to the test's single Allure result
   JSON, the argument of ``fa2-verify repro --case``.
 
 Without ``--alluredir`` nothing is drawn or attached.  :func:`generate_html`
-turns a results directory into an HTML report with Allure 3 (the npm package
+turns a results directory (or the merged results of several runner shards,
+:mod:`verify.allure_merge`) into an HTML report with Allure 3 (the npm package
 ``allure``; ``npm ci --prefix ci`` installs the pinned version into
 ``ci/node_modules``).
 """
