@@ -43,9 +43,11 @@ if [[ "${FA2_MPS:-0}" == 1 && "$FA2_DEVICE" == cuda* ]]; then
     trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
 checks=()
+# One runner's shard I/N of the suite (the nightly matrix; docs/reports-and-gate.md, "Sharding the suite over runners").
+[[ -n "${FA2_SHARD:-}" ]] && checks=(--fa2-shard "$FA2_SHARD")
 if [[ "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cpu ]]; then
     export TRITON_INTERPRET=1
-    checks=(--fa2-bounds-check)
+    checks+=(--fa2-bounds-check)
 fi
 rm -rf "$FA2_OUT/allure-results"
 "$PYTHON" -m pytest --pyargs fa2_verify.properties -n "$workers" --dist worksteal \

@@ -73,6 +73,10 @@ BAD_OPTIONS = {
     "time-budget-without-kernel": ("--fa2-time-budget=60", "--fa2-time-budget needs --fa2-kernel=NAME|module:attr"),
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-kernel": ("--fa2-bounds-check", "--fa2-bounds-check needs --fa2-kernel=NAME|module:attr"),
+    "shard-zero": ("--fa2-kernel=reference --fa2-shard=0/2", "--fa2-shard=0/2: names shard 0 of 2: shards are numbered 1 to 2"),
+    "shard-past-the-last": ("--fa2-kernel=reference --fa2-shard=3/2", "--fa2-shard=3/2: names shard 3 of 2"),
+    "shard-not-numbers": ("--fa2-kernel=reference --fa2-shard=a/b", "--fa2-shard=a/b: is not I/N"),
+    "shard-without-kernel": ("--fa2-shard=1/2", "--fa2-shard needs --fa2-kernel=NAME|module:attr"),
     "bounds-check-without-interpreter": (
         "--fa2-kernel=reference --fa2-bounds-check", "--fa2-bounds-check needs TRITON_INTERPRET=1 set before the process starts"
     ),
@@ -206,6 +210,53 @@ def test_alluredir_gets_one_result_per_property_with_histograms_and_data(run, py
     attached = [attachment["name"] for attachment in record["attachments"]]
     assert "error histogram: out" in attached and len(attached) == len(set(attached))
     assert any(name.endswith(".csv") for name in attached)
+
+
+SHARDED = ("test_golden.py::test_out_within_error_model[float32]", "test_golden.py::test_out_within_error_model[float16]",
+           "test_golden.py::test_varlen_outputs_within_error_model[float16]",
+           "test_golden.py::test_varlen_outputs_within_error_model[float32]")
+
+
+def _allure_statuses(directory: pathlib.Path) -> dict[str, str]:
+    results = [json.loads(path.read_text()) for path in directory.glob("*-result.json")]
+    return {result["fullName"]: result["status"] for result in results}
+
+
+@pytest.mark.slow
+def test_two_shards_run_each_test_once_and_merge_into_the_unsharded_runs_verdicts(pytester, pytestconfig, monkeypatch):
+    """``--fa2-shard 1/2`` and ``2/2`` split a ``-k`` selection of the ``ci`` profile on the recorded durations
+    (the longest test alone in shard 1, the three short ones in shard 2), and their Allure results merge into
+    the same tests with the same statuses as the unsharded run's (the varlen tests, skipped as unsupported,
+    included)."""
+    from fa2_verify.cli import main as cli
+    from fa2_verify.verify import allure_merge
+    from tests.test_report_allure import FAKE_ALLURE_3
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))
+    monkeypatch.setenv("FA2_VERIFY_GOLDEN_CACHE", str(pytestconfig.rootpath / options.DEFAULT_CACHE_DIR))
+    recorded = {SHARDED[0]: [100.0], **{test: [1.0] for test in SHARDED[1:]}}
+    (pytester.path / "durations.json").write_text(json.dumps({"reference cpu ci": recorded}))
+    args = ("--pyargs", "fa2_verify.properties", "-k", "out_within_error_model or varlen",
+            "--fa2-kernel=reference", "--fa2-profile=ci", "--fa2-dtypes=float16,float32",
+            "--fa2-durations=durations.json")
+    whole = pytester.runpytest_subprocess(*args, "--alluredir=whole")
+    whole.assert_outcomes(passed=2, skipped=2)
+    shards = [pytester.runpytest_subprocess(*args, f"--fa2-shard={index}/2", f"--alluredir=shard{index}")
+              for index in (1, 2)]
+    shards[0].assert_outcomes(passed=1)
+    shards[1].assert_outcomes(passed=1, skipped=2)
+    assert _allure_statuses(pytester.path / "shard1") == {"test_golden#test_out_within_error_model[float32]": "passed"}
+    fake_allure = pytester.path / "fake-allure"
+    fake_allure.write_text(FAKE_ALLURE_3)
+    fake_allure.chmod(0o755)
+    merged = pytester.path / "merged"
+    assert cli.main(["report", "shard1", "shard2", "--out", "report", "--merged-results", str(merged),
+                     "--allure", str(fake_allure)]) == 0
+    assert len(_allure_statuses(merged)) == 4 and _allure_statuses(merged) == _allure_statuses(pytester.path / "whole")
+    whole_run = allure_merge.read_run(pytester.path / "whole")
+    assert whole_run == {"kernel": "reference", "device": "cpu", "profile": "ci", "dtypes": "float16,float32",
+                         "shard": "1/1"}
+    assert allure_merge.read_run(merged) == {**whole_run, "merged_shards": "2"}
 
 
 def test_failure_shrinks_and_prints_the_one_line_reproduction(run):

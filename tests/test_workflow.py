@@ -4,11 +4,14 @@ The workflow must run the property suite on every GPU, keep the Hypothesis
 example database, build the Allure report, gate against the committed
 baseline and publish the Markdown summary, each step through a ci/*.sh script
 that exists, is executable, runs under ``set -euo pipefail`` and passes
-shellcheck.  The scripts also run by hand (no GitHub variables needed).
+shellcheck.  The scripts also run by hand (no GitHub variables needed).  On
+the nightly schedule the suite runs as N runner shards per kernel, whose
+results one job per kernel merges (``verify`` runs on every other event).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import pathlib
 import re
@@ -24,6 +27,9 @@ CI = ROOT / "ci"
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-verify.yml"
 SCRIPT = re.compile(r"\bci/[\w.-]+\.sh\b")
 ORDER = ("ci/setup.sh", "ci/properties.sh", "ci/verify.sh", "ci/report.sh", "ci/gate.sh", "ci/summary.sh")
+#: The scripts of the nightly jobs: each shard runs its part of the suite, the report job the rest once.
+SHARD_ORDER = ("ci/setup.sh", "ci/properties.sh")
+REPORT_ORDER = ("ci/setup.sh", "ci/verify.sh", "ci/report.sh", "ci/gate.sh", "ci/summary.sh")
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +39,18 @@ def workflow() -> dict:
 
 @pytest.fixture(scope="module")
 def job(workflow) -> dict:
-    (only,) = workflow["jobs"].values()
-    return only
+    """The job of pushes, pull requests and dispatches: the whole suite on one runner per kernel."""
+    return workflow["jobs"]["verify"]
+
+
+@pytest.fixture(scope="module")
+def shard_job(workflow) -> dict:
+    return workflow["jobs"]["nightly-shard"]
+
+
+@pytest.fixture(scope="module")
+def report_job(workflow) -> dict:
+    return workflow["jobs"]["nightly-report"]
 
 
 def _scripts(job) -> list[str]:
@@ -51,8 +67,9 @@ def test_triggers_runner_and_matrix(workflow, job):
     assert job["timeout-minutes"] <= 120
 
 
-def test_every_step_is_named_and_is_one_action_or_one_script(job):
-    for step in job["steps"]:
+def test_every_step_is_named_and_is_one_action_or_one_script(workflow):
+    assert set(workflow["jobs"]) == {"verify", "nightly-shard", "nightly-report"}
+    for step in (step for job in workflow["jobs"].values() for step in job["steps"]):
         assert step.get("name"), step
         assert ("uses" in step) != ("run" in step), step
         if "run" in step:
@@ -61,15 +78,16 @@ def test_every_step_is_named_and_is_one_action_or_one_script(job):
             assert re.fullmatch(r"actions/[\w-]+(/[\w-]+)?@v\d+", step["uses"]), step["uses"]
 
 
-def test_scripts_run_in_order_and_later_steps_run_after_a_failure(job):
-    assert _scripts(job) == list(ORDER)
-    for step in job["steps"]:
-        if step.get("run", "").strip() in ORDER[1:]:
-            assert "!cancelled()" in step["if"] and "steps.setup.outcome == 'success'" in step["if"]
+def test_scripts_run_in_order_and_later_steps_run_after_a_failure(job, shard_job, report_job):
+    for each, order in ((job, ORDER), (shard_job, SHARD_ORDER), (report_job, REPORT_ORDER)):
+        assert _scripts(each) == list(order)
+        for step in each["steps"]:
+            if step.get("run", "").strip() in order[1:]:
+                assert "!cancelled()" in step["if"] and "steps.setup.outcome == 'success'" in step["if"]
 
 
-def test_every_called_script_exists_is_executable_and_strict(job):
-    for script in _scripts(job):
+def test_every_called_script_exists_is_executable_and_strict(workflow):
+    for script in {script for job in workflow["jobs"].values() for script in _scripts(job)}:
         path = ROOT / script
         assert path.is_file(), script
         assert os.access(path, os.X_OK), f"{script} is not executable"
@@ -98,7 +116,7 @@ def test_gate_and_summary_wiring():
     summary = (CI / "summary.sh").read_text()
     assert '"${GITHUB_STEP_SUMMARY:-/dev/stdout}"' in summary
     report = (CI / "report.sh").read_text()
-    assert '"$FA2_VERIFY" report "$FA2_OUT/allure-results"' in report
+    assert 'results=("$FA2_OUT/allure-results")' in report and '"$FA2_VERIFY" report "${results[@]}"' in report
 
 
 def test_node_tools_are_pinned(tmp_path):
@@ -149,6 +167,28 @@ def test_gate_script_by_hand_fails_closed_without_a_baseline(tmp_path):
     assert "missing.json does not exist" in completed.stderr
 
 
+def test_report_script_by_hand_merges_the_shards_and_names_a_missing_one(tmp_path):
+    """ci/report.sh with ``$FA2_OUT/shards/*/allure-results`` merges them into ``$FA2_OUT/allure-results``
+    (Allure itself faked: ``$FA2_VERIFY_ALLURE``); without one of the shards it fails in one line."""
+    from tests.test_allure_merge import shard_results
+    from tests.test_report_allure import FAKE_ALLURE_3
+
+    fake = tmp_path / "fake-allure"
+    fake.write_text(FAKE_ALLURE_3)
+    fake.chmod(0o755)
+    for index in (1, 2):
+        (tmp_path / "shards" / f"properties-reference-shard{index}").mkdir(parents=True)
+        shard_results(tmp_path / "shards" / f"properties-reference-shard{index}" / "allure-results", f"{index}/2",
+                      {f"test_{index}": "passed"})
+    completed = _by_hand("report.sh", tmp_path, FA2_VERIFY_ALLURE=str(fake))
+    assert completed.returncode == 0, completed.stderr
+    assert len(list((tmp_path / "allure-results").glob("*-result.json"))) == 2
+    assert (tmp_path / "allure-report" / "index.html").is_file()
+    shutil.rmtree(tmp_path / "shards" / "properties-reference-shard2")
+    completed = _by_hand("report.sh", tmp_path, FA2_VERIFY_ALLURE=str(fake))
+    assert completed.returncode == 2 and completed.stderr.startswith("fa2-verify: error: shard 2/2 missing")
+
+
 def test_triton_compile_cache_is_kept_between_runs(workflow, job):
     path = "${{ github.workspace }}/.triton-cache"
     assert job["env"]["TRITON_CACHE_DIR"] == path
@@ -157,12 +197,57 @@ def test_triton_compile_cache_is_kept_between_runs(workflow, job):
         assert any(step["with"]["path"] == path for step in steps), action
 
 
-def test_only_runs_on_main_save_the_golden_cache(job):
+@pytest.mark.parametrize("name, saving", [("verify", 1), ("nightly-shard", 0), ("nightly-report", 1)])
+def test_only_runs_on_main_save_the_golden_cache(workflow, name, saving):
     """A pull request restores main's golden cache and saves none, so it cannot poison what main restores
-    (docs/reports-and-gate.md, "Keying the golden cache")."""
+    (docs/reports-and-gate.md, "Keying the golden cache"); of the nightly jobs, the report job alone saves it."""
+    job = workflow["jobs"][name]
     golden = [step for step in job["steps"] if step.get("with", {}).get("path") == ".fa2-golden-cache"]
     restores = [step for step in golden if step["uses"].startswith("actions/cache/restore@")]
     saves = [step for step in golden if step["uses"].startswith("actions/cache/save@")]
-    assert len(restores) == 1 and len(saves) == 1
-    assert saves[0]["if"] == "${{ !cancelled() && github.ref == 'refs/heads/main' }}"
+    assert len(restores) == 1 and len(saves) == saving
+    assert all(save["if"] == "${{ !cancelled() && github.ref == 'refs/heads/main' }}" for save in saves)
     assert not any(step["uses"].startswith("actions/cache@") for step in job["steps"] if "uses" in step)
+
+
+def test_each_event_runs_the_suite_once_the_nightly_one_over_shards(job, shard_job, report_job):
+    """The schedule runs the ``nightly`` profile as N runner shards per kernel and nothing else; every other
+    event the ``dev`` profile in the one ``verify`` job."""
+    assert job["if"] == "${{ github.event_name != 'schedule' }}" and job["env"]["FA2_PROFILE"] == "dev"
+    for nightly in (shard_job, report_job):
+        assert "github.event_name == 'schedule'" in nightly["if"] and nightly["env"]["FA2_PROFILE"] == "nightly"
+        assert nightly["strategy"]["matrix"]["kernel"] == job["strategy"]["matrix"]["kernel"]
+        assert nightly["runs-on"] == job["runs-on"] and nightly["timeout-minutes"] <= 120
+        assert nightly["env"]["FA2_OUT"] == job["env"]["FA2_OUT"] and nightly["env"]["FA2_DEVICE"] == "cuda"
+
+
+def test_the_shard_matrix_covers_shards_1_to_n_of_one_split(shard_job):
+    match = re.fullmatch(r"\$\{\{ matrix\.shard \}\}/(\d+)", shard_job["env"]["FA2_SHARD"])
+    assert match is not None, shard_job["env"]["FA2_SHARD"]
+    count = int(match.group(1))
+    assert count >= 2 and shard_job["strategy"]["matrix"]["shard"] == list(range(1, count + 1))
+    assert f"/{count}" in shard_job["name"] and shard_job["strategy"]["fail-fast"] is False
+    properties = (CI / "properties.sh").read_text()
+    assert '[[ -n "${FA2_SHARD:-}" ]] && checks=(--fa2-shard "$FA2_SHARD")' in properties
+    assert "--fa2-durations ci/durations.json" in properties
+
+
+def test_the_report_job_merges_every_shards_results_even_after_a_red_shard(shard_job, report_job):
+    """Each shard uploads its Allure results (and JUnit file) as an artifact; the report job, which waits for
+    every shard and runs even when one failed, downloads those of its kernel to ``$FA2_OUT/shards``, where
+    ci/report.sh merges them (and names a missing shard)."""
+    (upload,) = [step for step in shard_job["steps"] if step.get("with", {}).get("name", "").startswith("properties-")]
+    assert upload["if"] == "${{ !cancelled() }}"
+    assert upload["with"]["path"].splitlines() == ["ci-out/${{ matrix.kernel }}/allure-results",
+                                              "ci-out/${{ matrix.kernel }}/properties.xml"]
+    assert report_job["needs"] == "nightly-shard" and report_job["if"].startswith("${{ !cancelled() && ")
+    (download,) = [step for step in report_job["steps"] if step.get("uses", "").startswith("actions/download-artifact@")]
+    name = upload["with"]["name"].replace("${{ matrix.shard }}", "3")
+    assert fnmatch.fnmatchcase(name, download["with"]["pattern"])
+    assert not fnmatch.fnmatchcase(name.replace("${{ matrix.kernel }}", "other"), download["with"]["pattern"])
+    assert download["with"]["path"] == report_job["env"]["FA2_OUT"] + "/shards"
+    runs = [step.get("run", "").strip() for step in report_job["steps"]]
+    assert report_job["steps"].index(download) < runs.index("ci/report.sh")
+    report = (CI / "report.sh").read_text()
+    assert 'results=("$FA2_OUT"/shards/*/allure-results)' in report
+    assert 'merged=(--merged-results "$FA2_OUT/allure-results")' in report

@@ -22,7 +22,10 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
 * Each run records its property tests' durations in pytest's cache, and
   under ``--dist worksteal`` the workers order the tests on the durations
   recorded before, so that no worker holds two long ones
-  (:mod:`properties.schedule`); without them, dtype-major.
+  (:mod:`properties.schedule`); without them, dtype-major.  ``--fa2-shard I/N``
+  first keeps the I-th of N balanced groups (:mod:`properties.runner_shards`),
+  and under ``--alluredir`` the run is described in its results for
+  ``fa2-verify report`` to merge the shards (:mod:`verify.allure_merge`).
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
   ``<rootdir>/.fa2-golden-cache``.
 * A property needing a capability the kernel lacks (or a kernel that cannot
@@ -62,7 +65,8 @@ from typing import Any
 
 import pytest
 
-from fa2_verify.properties import profiles, schedule
+from fa2_verify.core.runner_shard import WHOLE_RUN, RunnerShard
+from fa2_verify.properties import profiles, runner_shards, schedule
 from fa2_verify.properties.declaration import Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
@@ -131,6 +135,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="property-test durations recorded elsewhere, for the tests pytest's cache has not recorded: a copy "
         f"of <cache>/v/{schedule.CACHE_KEY} (e.g. kept in the repository for fresh CI runners); "
         "--dist worksteal orders the tests on them",
+    )
+    group.addoption(
+        "--fa2-shard",
+        default=None,
+        metavar="I/N",
+        help="run shard I of N balanced groups of the property tests (on the --fa2-durations records), the same "
+        "groups on every runner, so N runners with 1/N .. N/N run every test once",
     )
     group.addoption(
         "--fa2-max-golden-seconds",
@@ -226,6 +237,7 @@ def pytest_configure(config: pytest.Config) -> None:
     call_timeout = _seconds_option("--fa2-call-timeout", config.getoption("fa2_call_timeout"))
     time_budget = _seconds_option("--fa2-time-budget", config.getoption("fa2_time_budget"))
     failures = config.getoption("fa2_failures")
+    shard = _shard_option(config.getoption("fa2_shard"))
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
@@ -233,7 +245,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                       ("--fa2-durations", durations),
                                       ("--fa2-max-golden-seconds", max_golden_seconds),
                                       ("--fa2-call-timeout", call_timeout),
-                                      ("--fa2-time-budget", time_budget), ("--fa2-failures", failures))
+                                      ("--fa2-time-budget", time_budget), ("--fa2-failures", failures),
+                                      ("--fa2-shard", shard))
              if value is not None),
             None,
         )
@@ -247,9 +260,12 @@ def pytest_configure(config: pytest.Config) -> None:
             _check_bounds(config, enter=runs_tests)
         if call_timeout is not None:
             set_call_timeout(call_timeout)
+    run_device = DEFAULT_DEVICE if device_option is None else device_option
     config.stash[_options_key] = {
         "kernel": kernel_name,
         "device": device,
+        "run_device": run_device,
+        "shard": shard,
         "profile": profile_name,
         "dtypes": dtypes,
         "database_dir": database_dir,
@@ -262,8 +278,11 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = getattr(config, "cache", None)
     if cache is None and durations is not None:
         raise pytest.UsageError("--fa2-durations needs pytest's cache: drop -p no:cacheprovider")
+    key = schedule.run_key(kernel_name or "", run_device, profile_name)
+    if shard is not None:
+        runs = _durations_runs(durations) if durations is not None else {}
+        config.pluginmanager.register(runner_shards.ShardSelection(shard, runs, key, _order), "fa2-verify-shard")
     if kernel_name is not None and cache is not None and not hasattr(config, "workerinput"):
-        key = schedule.run_key(kernel_name, DEFAULT_DEVICE if device_option is None else device_option, profile_name)
         known = _durations_option(durations, key)
         config.pluginmanager.register(schedule.DurationLog(cache, key, (_OBSERVED, _UNSUPPORTED), known),
                                       _DURATION_LOG)
@@ -294,6 +313,35 @@ def _failures_option(option: str | None, examples_dir: pathlib.Path) -> pathlib.
         raise _usage("--fa2-failures", option, str(exc)) from None
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under ``--alluredir``, describe a property run in its Allure results (not on an xdist worker): kernel,
+    device, profile, dtypes and runner shard, what ``fa2-verify report`` checks before merging the results
+    of several shards (:mod:`verify.allure_merge`)."""
+    config = session.config
+    alluredir = config.getoption("allure_report_dir", None)
+    options = config.stash.get(_options_key, None)
+    if not alluredir or options is None or options["kernel"] is None or hasattr(config, "workerinput"):
+        return
+    from fa2_verify.verify.allure_merge import write_run
+
+    dtypes = options["dtypes"]
+    write_run(pathlib.Path(alluredir), {
+        "kernel": options["kernel"], "device": options["run_device"], "profile": options["profile"],
+        "dtypes": ",".join(dtypes) if dtypes is not None else "all the kernel runs",
+        "shard": str(options["shard"] or WHOLE_RUN),
+    })
+
+
+def _shard_option(text: str | None) -> RunnerShard | None:
+    """``--fa2-shard``: shard I of N (``None`` without the option)."""
+    if text is None:
+        return None
+    try:
+        return RunnerShard.parse(text)
+    except ValueError as exc:
+        raise _usage("--fa2-shard", text, str(exc)) from None
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The session is over: write the file :data:`FINISHED` names, if set (not on an xdist worker)."""
     finished = os.environ.get(FINISHED)
@@ -303,10 +351,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def _durations_option(path: str | None, key: str) -> dict[str, list[float]]:
     """``--fa2-durations``: the durations the file holds for runs of ``key`` (none without the option)."""
-    if path is None:
-        return {}
+    return {} if path is None else _durations_runs(path).get(key, {})
+
+
+def _durations_runs(path: str) -> dict[str, dict[str, list[float]]]:
+    """``--fa2-durations``: every kind of run's records in the file (:func:`schedule.file_runs`)."""
     try:
-        return schedule.durations_file(path, key)
+        return schedule.file_runs(path)
     except ValueError as exc:
         raise _usage("--fa2-durations", path, str(exc)) from None
 
@@ -477,6 +528,13 @@ def _is_property(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the collection (:func:`_order`); under ``--fa2-shard`` the shard's selection orders what it keeps
+    (:class:`properties.runner_shards.ShardSelection`, which runs after ``-k``)."""
+    if config.pluginmanager.get_plugin("fa2-verify-shard") is None:
+        _order(config, items)
+
+
+def _order(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Order the property tests for pytest-xdist's ``worksteal`` (:mod:`properties.schedule`): on a worker
     whose controller passed the durations of earlier runs, and when every test collected is a property test,
     balanced on them (:func:`schedule.balanced`); otherwise dtype-major, any other test keeping its place.

@@ -128,6 +128,12 @@ def _durations_of(runs: dict, key: str) -> dict[str, list[float]]:
 def durations_file(path: str, key: str) -> dict[str, list[float]]:
     """The durations of runs of ``key`` in ``path``, a file in the format of the cache's records (a copy of
     ``.pytest_cache/v/fa2_verify/durations``); ValueError naming what is wrong with the file."""
+    return file_runs(path).get(key, {})
+
+
+def file_runs(path: str) -> dict[str, dict[str, list[float]]]:
+    """Every kind of run's well-formed records in ``path`` (see :func:`durations_file`): run key -> test name ->
+    durations; ValueError naming what is wrong with the file."""
     try:
         runs = read_json(path, "--fa2-durations")
     except InputJsonError as exc:
@@ -135,7 +141,7 @@ def durations_file(path: str, key: str) -> dict[str, list[float]]:
     if not isinstance(runs, dict):
         raise ValueError("is not a mapping of run keys to recorded durations (a copy of "
                          f"<cache>/v/{CACHE_KEY})")
-    return _durations_of(runs, key)
+    return {key: _durations_of(runs, key) for key in runs}
 
 
 class DurationLog:

@@ -17,7 +17,8 @@ That adds to the test's single Allure result
   JSON, the argument of ``fa2-verify repro --case``.
 
 Without ``--alluredir`` nothing is drawn or attached.  :func:`generate_html`
-turns a results directory into an HTML report with Allure 3 (the npm package
+turns a results directory (or the merged results of several runner shards,
+:mod:`verify.allure_merge`) into an HTML report with Allure 3 (the npm package
 ``allure``; ``npm ci --prefix ci`` installs the pinned version into
 ``ci/node_modules``).
 """
@@ -31,10 +32,12 @@ import os
 import pathlib
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fa2_verify.core.errors import ReportError, UsageError
+from fa2_verify.verify import allure_merge
 from fa2_verify.verify.atomic import check_output_directory, directory_replacing
 from fa2_verify.verify.metrics import QUANTILES
 
@@ -208,23 +211,50 @@ def allure_version(command: list[str]) -> str:
 
 
 def generate_html(
-    results_dir: pathlib.Path,
+    results: pathlib.Path | Sequence[pathlib.Path],
     out_dir: pathlib.Path,
     *,
     allure: str | None = None,
     name: str = "fa2-verify",
     overwrite: bool = False,
+    merged_dir: pathlib.Path | None = None,
 ) -> pathlib.Path:
-    """``allure generate RESULTS -o OUT``: the HTML report of an allure-results directory."""
-    results_dir = pathlib.Path(results_dir)
-    if not results_dir.is_dir() or not any(results_dir.glob("*-result.json")):
-        problem = "holds no Allure results (*-result.json)" if results_dir.is_dir() else (
-            "is not a directory" if results_dir.exists() else "does not exist"
-        )
-        raise UsageError(f"results={results_dir} {problem}: run pytest with --alluredir {results_dir}")
-    out_dir = check_output_directory(out_dir, overwrite=overwrite, flag="--out", inputs={"results": results_dir})
+    """``allure generate RESULTS -o OUT``: the HTML report of an allure-results directory, or of the results
+    of several runner shards of one run merged (:mod:`verify.allure_merge`; ``merged_dir``: keep the merged
+    results there too).  Everything is checked before anything is written."""
+    merge = allure_merge.plan([results] if isinstance(results, (str, os.PathLike)) else results)
+    inputs = [("results", directory) for directory in merge.directories]
+    outputs = [("--out", pathlib.Path(out_dir)), ("--merged-results", merged_dir)]
+    checked = {
+        flag: _check_directory_output(path, overwrite, flag, inputs + [other for other in outputs if other[0] != flag])
+        for flag, path in outputs if path is not None
+    }
     command = find_allure(allure)
     allure_version(command)
+    if merged_dir is not None:
+        with directory_replacing(checked["--merged-results"]) as staging:
+            allure_merge.write_merged(merge, staging)
+        return _generate(command, merged_dir, checked["--out"], name)
+    if len(merge.directories) == 1:
+        return _generate(command, merge.directories[0], checked["--out"], name)
+    with tempfile.TemporaryDirectory(prefix=".fa2-merged-results.") as scratch:
+        allure_merge.write_merged(merge, pathlib.Path(scratch) / "results")
+        return _generate(command, pathlib.Path(scratch) / "results", checked["--out"], name)
+
+
+def _check_directory_output(
+    path: pathlib.Path, overwrite: bool, flag: str, inputs: list[tuple[str, pathlib.Path | None]]
+) -> pathlib.Path:
+    """:func:`verify.atomic.check_output_directory` of ``path`` against each of ``inputs``, the results read and
+    the other directory written."""
+    for label, where in inputs:
+        if where is not None:
+            check_output_directory(path, overwrite=overwrite, flag=flag, inputs={label: where})
+    return pathlib.Path(path)
+
+
+def _generate(command: list[str], results_dir: pathlib.Path, out_dir: pathlib.Path, name: str) -> pathlib.Path:
+    """Run ``allure generate`` on ``results_dir`` into ``out_dir``, replacing it only once built."""
     with directory_replacing(out_dir) as staging:
         try:
             completed = subprocess.run(
