@@ -206,6 +206,12 @@ class Capabilities:
     ``seqlen_q != seqlen_k`` (:func:`visible_ranges`), which is checked against
     a golden with that mask, not refused; ``custom_softmax_scale=False`` a
     kernel that always scales by ``1/sqrt(head_dim)``.
+    ``unaligned_inputs=True`` declares a kernel that takes inputs whose data
+    pointers are not 16-byte aligned; the contract otherwise hands every
+    input 16-byte aligned, as flash-attn, PyTorch's SDPA kernels and cuDNN
+    require (its memory-efficient kernel refuses "p.query_ptr is not
+    correctly aligned"), so the layout property draws ``unaligned-offset``
+    only for such a kernel (:func:`core.layouts.layouts_for`).
     ``notes`` are human-readable restrictions shown by ``fa2-verify kernels``.
 
     A user may write the same fields as a plain mapping
@@ -227,6 +233,7 @@ class Capabilities:
     gqa_dkv_reproducible: bool = True
     varlen: bool = False
     lse: bool = True
+    unaligned_inputs: bool = False
     seqlen_multiple_of: int | tuple[int, int] | Mapping[str, int] = 1
     equal_seqlens: bool = False
     min_seqlen: int = 0
@@ -257,7 +264,7 @@ class Capabilities:
         }
         object.__setattr__(self, "device_head_dims", device_head_dims)
         flags = ("causal", "causal_only", "custom_softmax_scale", "window", "gqa", "backward", "deterministic_backward",
-                 "gqa_dkv_reproducible", "varlen", "lse", "equal_seqlens")
+                 "gqa_dkv_reproducible", "varlen", "lse", "unaligned_inputs", "equal_seqlens")
         for flag in flags:
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, getattr(self, flag), "use true or false")
@@ -441,6 +448,7 @@ class Capabilities:
             "gqa_dkv_reproducible": self.gqa_dkv_reproducible,
             "varlen": self.varlen,
             "lse": self.lse,
+            "unaligned_inputs": self.unaligned_inputs,
             "seqlen_multiple_of": {"q": self.seqlen_multiple_of[0], "k": self.seqlen_multiple_of[1]},
             "equal_seqlens": self.equal_seqlens,
             "min_seqlen": self.min_seqlen,

@@ -28,6 +28,7 @@ import math
 import torch
 
 from fa2_verify.core.case import Case
+from fa2_verify.core.contract import Capabilities
 
 #: Layouts of each tensor alone; the first is contiguous.  ``unaligned-offset``: contiguous strides at a
 #: storage offset one element past a 16-byte boundary; ``outer-stride``: a gap of NaN rows after every
@@ -35,6 +36,16 @@ from fa2_verify.core.case import Case
 LAYOUTS: tuple[str, ...] = (
     "contiguous", "heads-major", "padded-head-dim", "strided-seqlen", "unaligned-offset", "outer-stride",
 )
+
+#: The layout whose data pointers are not 16-byte aligned, drawn only for a kernel that declares it takes them.
+UNALIGNED = "unaligned-offset"
+
+
+def layouts_for(capabilities: Capabilities) -> tuple[str, ...]:
+    """:data:`LAYOUTS` a kernel declaring ``capabilities`` is handed: without :data:`UNALIGNED` unless it
+    declares ``unaligned_inputs`` (the contract hands inputs 16-byte aligned otherwise)."""
+    return tuple(layout for layout in LAYOUTS if layout != UNALIGNED or capabilities.unaligned_inputs)
+
 
 #: Layouts of q, k, v together.  ``packed-qkv``: q, k, v sliced from one (batch, seqlen, heads_q + 2 heads_kv,
 #: head_dim) storage ((B, S, 3, H, D) for MHA); ``kv-expanded-batch``, ``kv-expanded-heads``: K and V with

@@ -183,6 +183,7 @@ class TiledAttention:
             backward=True,
             deterministic_backward=True,
             varlen=False,
+            unaligned_inputs=True,
             notes=(
                 "lse is float32 (the contract), so the float64 backward is accurate to about 2^-24 * |lse|",
                 "plain PyTorch, looping over tiles: meant for seqlen up to a few thousand",

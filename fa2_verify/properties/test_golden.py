@@ -7,7 +7,7 @@ and 7 for out, lse, dq, dk and dv) and ``tau`` its threshold
 
 from hypothesis import strategies as st
 
-from fa2_verify.core.layouts import LAYOUTS, VALUE_KEEPING_JOINT_LAYOUTS
+from fa2_verify.core.layouts import VALUE_KEEPING_JOINT_LAYOUTS, layouts_for
 from fa2_verify.properties import golden_checks
 from fa2_verify.properties.declaration import declare
 
@@ -59,4 +59,5 @@ def test_varlen_outputs_within_error_model(suite, data):
     """For each packed sequence s (empty ones included): |x_s - x_s*| <= tau_x * B^x_s for every output x,
     the packed inputs contiguous or in a non-contiguous layout (shrinking toward contiguous), NaN around them."""
     spec = data.draw(suite.varlen_cases(backward=suite.kernel.capabilities.backward), label="varlen case")
-    golden_checks.varlen_within_error_model(suite, spec, data.draw(st.sampled_from(LAYOUTS + VALUE_KEEPING_JOINT_LAYOUTS), label="layout"))
+    golden_checks.varlen_within_error_model(suite, spec, data.draw(
+        st.sampled_from(layouts_for(suite.kernel.capabilities) + VALUE_KEEPING_JOINT_LAYOUTS), label="layout"))

@@ -277,7 +277,8 @@ def _capabilities(record: dict[str, Any]) -> Capabilities:
         head_dims=tuple(record["head_dims"]),
         device_head_dims={device: tuple(dims) for device, dims in record.get("device_head_dims", {}).items()},
         **{flag: record[flag] for flag in ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen")},
-        **{field: record[field] for field in ("causal_only", "causal_alignment", "custom_softmax_scale") if field in record},
+        **{field: record[field] for field in ("causal_only", "causal_alignment", "custom_softmax_scale", "unaligned_inputs")
+           if field in record},
     )
 
 

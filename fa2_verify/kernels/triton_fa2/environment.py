@@ -88,6 +88,7 @@ def _capabilities(triton_installed: bool, interpret: bool, cuda_available: bool)
         backward=True,
         deterministic_backward=True,
         varlen=True,
+        unaligned_inputs=True,
         notes=notes,
     )
 
