@@ -141,7 +141,7 @@ def test_empty_row_masks_leave_rows_without_keys(data):
 
 
 def test_window_edges_are_drawn_often():
-    """An eighth of the masked draws or more is a window at its encoding's edges (-1 beside a finite side,
+    """A fifth of the mask draws or more is a window at its encoding's edges (-1 beside a finite side,
     0, seqlen_k - 1, seqlen_k or beyond), (-1, 0) and (0, -1) among them."""
     drawn = []
 
@@ -153,7 +153,7 @@ def test_window_edges_are_drawn_often():
     draw()
     edges = set(masks.edge_sides(seqlen_q=20, seqlen_k=13)) | {UNBOUNDED}
     at_edges = [window for window in drawn if window != (UNBOUNDED, UNBOUNDED) and set(window) <= edges]
-    assert len(at_edges) > len(drawn) / 8
+    assert len(at_edges) > len(drawn) / 5
     assert {(UNBOUNDED, 0), (0, UNBOUNDED), (0, 0), (12, UNBOUNDED), (UNBOUNDED, 13)} <= set(drawn)
 
 

@@ -1,5 +1,5 @@
-"""Mask strategies: none, causal, every kind of sliding window, windows at their encoding's edges, and
-rows that see no key.
+"""Mask strategies: none, causal, every kind of sliding window (sides at their encoding's edges among
+them), and rows that see no key.
 
 Masks are bottom-right aligned (:func:`core.contract.visible_mask`; a kernel
 declaring top-left alignment has its cases checked with that mask, which the
@@ -9,12 +9,12 @@ case strategies set, :meth:`core.case.CaseSpec.aligned`): with
 ``i + shift + right < 0``, i.e. only when ``seqlen_q > seqlen_k + right``; the
 ``empty_rows`` branch draws those shapes on purpose, since the contract's
 answer there (out = 0, dq = 0, lse = +-inf, never NaN) is what a naive
-``m = -inf; exp(s - m)`` gets wrong.  Windows at their encoding's edges
-(:func:`edge_windows`: ``(-1, 0)``, ``(0, -1)``, ``(0, 0)``, a side of
-``seqlen_k - 1``, ``seqlen_k`` or beyond every key) are a kind of their own, an
-eighth of the masked draws, and every window side takes an edge a third of the
-time: kernels translate ``-1`` and the inclusive bounds into their own
-encodings, and get the edges wrong (TransformerEngine #3528, SGLang PR #32087).
+``m = -inf; exp(s - m)`` gets wrong.  Every window side is one of
+:func:`edge_sides` a third of the time (0, ``seqlen_k - 1``, ``seqlen_k``,
+beyond every key), beside -1 on the other side (``(-1, 0)``, ``(0, -1)``), 0
+(``(0, 0)``) or a side of its own: kernels translate ``-1`` and the inclusive
+bounds into their own encodings, and get the edges wrong (TransformerEngine
+#3528, SGLang PR #32087).
 """
 
 from __future__ import annotations
@@ -57,20 +57,6 @@ def window_sides(*, seqlen_q: int, seqlen_k: int) -> st.SearchStrategy[int]:
     )
 
 
-#: The windows whose encoding a kernel reads wrong most often: a -1 side ("unbounded") beside a finite
-#: one, read as an empty band (TransformerEngine #3528: FlashAttention-4 returned zeros for (-1, 0)),
-#: and the one-key band (0, 0).
-EDGE_WINDOWS: tuple[tuple[int, int], ...] = ((UNBOUNDED, 0), (0, UNBOUNDED), (0, 0))
-
-
-def edge_windows(*, seqlen_q: int, seqlen_k: int) -> st.SearchStrategy[tuple[int, int]]:
-    """A window at its encoding's edges: one of :data:`EDGE_WINDOWS` half the time, else each side
-    -1 or one of :func:`edge_sides` (never ``(-1, -1)``, no window)."""
-    sides = st.sampled_from([0, UNBOUNDED, *edge_sides(seqlen_q=seqlen_q, seqlen_k=seqlen_k)[1:]])
-    pairs = st.tuples(sides, sides).filter(lambda pair: pair != (UNBOUNDED, UNBOUNDED))
-    return st.one_of(st.sampled_from(EDGE_WINDOWS), pairs)
-
-
 def masks(
     *, seqlen_q: int, seqlen_k: int, causal: bool = True, window: bool = True, causal_only: bool = False
 ) -> st.SearchStrategy[Mask]:
@@ -100,7 +86,6 @@ def masks(
             sides.map(lambda right: (False, (UNBOUNDED, right))),
             st.tuples(sides, sides).map(lambda pair: (False, pair)),
             sides.map(lambda left: (False, (left, 0))),
-            edge_windows(seqlen_q=seqlen_q, seqlen_k=seqlen_k).map(lambda pair: (False, pair)),
         ]
     if causal and window:
         kinds.append(sides.map(lambda left: (True, (left, UNBOUNDED))))
