@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, Capabilities, effective_window, visible_mask
+from fa2_verify.core.contract import UNBOUNDED, Capabilities, diagonal_shift, effective_window, visible_mask
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.kernels.reference import DEFERRED, NEG_INF, Tiles, TiledAttention
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
@@ -106,6 +106,21 @@ class MaxFromZero(Mutant):
         return 0.0
 
 
+class MaxFromSentinel(Mutant):
+    """A finite "-inf" (FlashInfer's ``math::inf = 5e4``, flashinfer #4267, #4451, #4452): the running max
+    starts at -5e4 (Algorithm 1, line 5) and keys hidden by the mask score -5e4.  A row whose scores all
+    lie below -5e4 is exponentiated against -5e4: its weights underflow and it reads 0; a row without keys
+    in a query block that sees keys weighs each hidden key e^0: its out is their mean and its LSE finite."""
+
+    SENTINEL = -5e4
+
+    def _initial_max(self) -> float:
+        return self.SENTINEL
+
+    def _masked_score(self) -> float:
+        return self.SENTINEL
+
+
 class StaleMax(Mutant):
     """Stale running max: a block's probabilities are exponentiated against the
     max from before this block's update (``P~ = exp(S - m_old)``, line 9) while
@@ -123,6 +138,36 @@ class WindowOffByOne(Mutant):
         left, right = effective_window(causal, window_size)
         widened = (left + 1 if left != UNBOUNDED else left, right)
         return visible_mask(seqlen_q, seqlen_k, window_size=widened, device=device)
+
+
+class WindowLeftExclusive(Mutant):
+    """Exclusive left window edge: the key ``left`` keys before the diagonal is dropped
+    (``j > i + seqlen_k - seqlen_q - left``), as in a kernel that takes the inclusive bound for an exclusive
+    one and loses one in-window key per step (SGLang PR #32087).  WINDOW_OFF_BY_ONE moves the same edge
+    the other way (one key too many); here a ``(0, right)`` window loses the diagonal itself."""
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        visible = super()._visible(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=device)
+        left = effective_window(causal, window_size)[0]
+        if left == UNBOUNDED:
+            return visible
+        diagonal = torch.arange(seqlen_q, device=device).unsqueeze(1) + diagonal_shift(seqlen_q, seqlen_k)
+        return visible & (torch.arange(seqlen_k, device=device).unsqueeze(0) != diagonal - left)
+
+
+class WindowMinusOneAsEdge(Mutant):
+    """-1 read as a band edge, not as "unbounded", once a window has a finite side: both sides are taken
+    literally (``i + shift + 1 <= j`` for ``left = -1``, ``j <= i + shift - 1`` for ``right = -1``), so
+    ``(-1, 0)`` and ``(0, -1)`` are empty bands and the rows read 0 (TransformerEngine #3528:
+    FlashAttention-4 returned zeros for the ``(-1, 0)`` it was passed).  No window and causal are right."""
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        if tuple(window_size) == (UNBOUNDED, UNBOUNDED):
+            return super()._visible(seqlen_q, seqlen_k, causal=causal, window_size=window_size, device=device)
+        left, right = effective_window(causal, window_size)
+        diagonal = torch.arange(seqlen_q, device=device).unsqueeze(1) + diagonal_shift(seqlen_q, seqlen_k)
+        j = torch.arange(seqlen_k, device=device).unsqueeze(0)
+        return (j >= diagonal - left) & (j <= diagonal + right)
 
 
 class GqaWrongHead(Mutant):
@@ -153,6 +198,33 @@ class TailUnmasked(Mutant):
         pad_rows = (0, 0, 0, padding)
         visible = torch.nn.functional.pad(visible, (0, padding), value=True)
         return torch.nn.functional.pad(k, pad_rows), torch.nn.functional.pad(v, pad_rows), visible
+
+
+class BwdTailUnmasked(Mutant):
+    """Missing bounds check in the backward (cuDNN's Hopper backward, pytorch #196678, cudnn-frontend
+    #1072): the last key block is read in full, its padding past seqlen_k zeros that score ``q . 0 = 0``,
+    visible to every query.  With an ordinary LSE that changes no output (``exp(0 - L)`` is finite and
+    meets only zero keys and values); once a row's ``L < -ln(FLT_MAX) = -88.7`` (float32 accumulators;
+    sooner where dS is rounded to float16), ``exp(0 - L)`` overflows and ``dS K`` multiplies inf by 0: NaN in dq."""
+
+    _padding = 0
+
+    def _visible(self, seqlen_q, seqlen_k, *, causal, window_size, device):
+        visible = super()._visible(seqlen_q, seqlen_k - self._padding, causal=causal, window_size=window_size, device=device)
+        return torch.nn.functional.pad(visible, (0, self._padding), value=True)
+
+    def backward(self, dout, q, k, v, out, lse, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), deterministic=False):
+        seqlen_k = k.shape[1]
+        self._padding = -seqlen_k % self.block_k
+        keys = (0, 0, 0, 0, 0, self._padding)
+        try:
+            dq, dk, dv = super().backward(
+                dout, q, torch.nn.functional.pad(k, keys), torch.nn.functional.pad(v, keys), out, lse,
+                softmax_scale=softmax_scale, causal=causal, window_size=window_size, deterministic=deterministic,
+            )
+        finally:
+            self._padding = 0
+        return dq, dk[:, :seqlen_k].contiguous(), dv[:, :seqlen_k].contiguous()
 
 
 class AccInInputDtype(Mutant):
@@ -526,10 +598,14 @@ TOP_LEFT_CAUSAL = TopLeftCausal()
 SKIP_RESCALE = SkipRescale()
 SKIP_SMALL_RESCALE = SkipSmallRescale()
 STALE_MAX = StaleMax()
+MAX_FROM_SENTINEL = MaxFromSentinel()
 WINDOW_OFF_BY_ONE = WindowOffByOne()
+WINDOW_LEFT_EXCLUSIVE = WindowLeftExclusive()
+WINDOW_MINUS_ONE_AS_EDGE = WindowMinusOneAsEdge()
 GQA_WRONG_HEAD = GqaWrongHead()
 TAIL_BLOCK_UNWRITTEN = TailBlockUnwritten()
 TAIL_UNMASKED = TailUnmasked()
+BWD_TAIL_UNMASKED = BwdTailUnmasked()
 ACC_IN_INPUT_DTYPE = AccInInputDtype()
 DELTA_FROM_ROUNDED = DeltaFromRounded()
 DQ_MISSING_SCALE = DqMissingScale()

@@ -37,6 +37,8 @@ TRIGGERS = {
     "SKIP_RESCALE": ((1, 20, 64, 2, 2, 16), torch.float32, {"softmax_scale": 1.0}),
     "STALE_MAX": ((1, 20, 64, 2, 2, 16), torch.float32, {"softmax_scale": 1.0}),
     "WINDOW_OFF_BY_ONE": ((1, 30, 30, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "window_size": (4, 2)}),
+    "WINDOW_LEFT_EXCLUSIVE": ((1, 30, 30, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "window_size": (4, 2)}),
+    "WINDOW_MINUS_ONE_AS_EDGE": ((1, 20, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3, "window_size": (-1, 0)}),
     "GQA_WRONG_HEAD": ((1, 20, 20, 4, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "TAIL_BLOCK_UNWRITTEN": ((1, 40, 20, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
     "TAIL_UNMASKED": ((1, 20, 40, 2, 2, 8), torch.float32, {"softmax_scale": 0.3}),
@@ -86,6 +88,10 @@ TRIGGERS = {
                                    dtype="float16", generator="normal-x2^-8", seed=0),
     "MAX_FROM_ZERO": CaseSpec(batch=1, seqlen_q=8, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=16,
                               dtype="float32", generator="score-plateau", seed=0),
+    "MAX_FROM_SENTINEL": CaseSpec(batch=1, seqlen_q=8, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=16,
+                                  dtype="float32", generator="far-below-zero", seed=0),
+    "BWD_TAIL_UNMASKED": CaseSpec(batch=1, seqlen_q=8, seqlen_k=40, heads_q=2, heads_kv=1, head_dim=16,
+                                  dtype="float32", generator="far-below-zero", seed=0),
 }  # fmt: skip
 
 #: Mutants whose bug is bounded below DEVIATION by construction, with the smallest deviation

@@ -42,6 +42,7 @@ def golden_options(pytestconfig) -> GoldenOptions:
 CATCHING_PROPERTY = {
     "ACC_IN_INPUT_DTYPE": "test_out_within_error_model",
     "BACKWARD_EXITS": "test_dq_within_error_model",
+    "BWD_TAIL_UNMASKED": "test_dq_within_error_model",
     "CAUSAL_OS_EXITS": "test_out_within_error_model",
     "CAUSAL_SHIFT": "test_out_within_error_model",
     "DECODE_IGNORES_WINDOW": "test_out_within_error_model",
@@ -61,6 +62,7 @@ CATCHING_PROPERTY = {
     "GQA_WRONG_HEAD": "test_out_within_error_model",
     "LARGE_TILE_STALE_MAX": "test_out_within_error_model",
     "LSE_BASE2": "test_lse_within_error_model",
+    "MAX_FROM_SENTINEL": "test_out_within_error_model",
     "MAX_FROM_ZERO": "test_out_within_error_model",
     "OUT_REWRITTEN_BY_BACKWARD": "test_out_within_error_model",
     "SKIP_RESCALE": "test_out_within_error_model",
@@ -73,6 +75,8 @@ CATCHING_PROPERTY = {
     "TOP_LEFT_CAUSAL": "test_out_within_error_model",
     "VARLEN_DETERMINISTIC_DQ_DROPS_LAST_BLOCK": "test_varlen_outputs_within_error_model",
     "VARLEN_Q_ASSUMED_CONTIGUOUS": "test_varlen_outputs_within_error_model",
+    "WINDOW_LEFT_EXCLUSIVE": "test_out_within_error_model",
+    "WINDOW_MINUS_ONE_AS_EDGE": "test_out_within_error_model",
     "WINDOW_OFF_BY_ONE": "test_out_within_error_model",
 }
 

@@ -8,6 +8,7 @@ generator really produces the structure its docstring promises.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -105,6 +106,11 @@ FEATURES = {
     "window-right-only": lambda s: s.window_size[0] == UNBOUNDED and s.window_size[1] >= 0,
     "window-both-sides": lambda s: not s.causal and min(s.window_size) >= 1,
     "window-zero-zero": lambda s: s.window_size == (0, 0),
+    "window-unbounded-left-zero-right": lambda s: not s.causal and s.window_size == (UNBOUNDED, 0),
+    "window-zero-left-unbounded-right": lambda s: not s.causal and s.window_size == (0, UNBOUNDED),
+    "window-left-last-key": lambda s: s.window_size[0] == s.seqlen_k - 1 > 0 and s.window_size[1] == UNBOUNDED,
+    "window-right-all-keys": lambda s: s.window_size[1] == s.seqlen_k > 1 and s.window_size[0] == UNBOUNDED,
+    "window-left-beyond-keys": lambda s: s.window_size[0] == s.seqlen_k + 1 and s.window_size[1] == 0,
     "rows-without-keys": lambda s: masks.rows_without_keys(s.seqlen_q, s.seqlen_k, (s.causal, s.window_size)) > 0,
     "seqlen-one": lambda s: s.seqlen_q == 1 or s.seqlen_k == 1,
     "q-longer-than-k": lambda s: s.seqlen_q > s.seqlen_k,
@@ -132,6 +138,33 @@ def test_empty_row_masks_leave_rows_without_keys(data):
     seqlen_q = data.draw(st.integers(seqlen_k + 1, 40))
     mask = data.draw(masks.empty_row_masks(seqlen_q=seqlen_q, seqlen_k=seqlen_k))
     assert masks.rows_without_keys(seqlen_q, seqlen_k, mask) > 0
+
+
+def test_window_edges_are_drawn_often():
+    """A fifth of the mask draws or more is a window at its encoding's edges (-1 beside a finite side,
+    0, seqlen_k - 1, seqlen_k or beyond), (-1, 0) and (0, -1) among them."""
+    drawn = []
+
+    @settings(max_examples=400, derandomize=True, database=None, deadline=None)
+    @given(masks.masks(seqlen_q=20, seqlen_k=13))
+    def draw(mask):
+        drawn.append(mask[1])
+
+    draw()
+    edges = set(masks.edge_sides(seqlen_q=20, seqlen_k=13)) | {UNBOUNDED}
+    at_edges = [window for window in drawn if window != (UNBOUNDED, UNBOUNDED) and set(window) <= edges]
+    assert len(at_edges) > len(drawn) / 5
+    assert {(UNBOUNDED, 0), (0, UNBOUNDED), (0, 0), (12, UNBOUNDED), (UNBOUNDED, 13)} <= set(drawn)
+
+
+def test_far_below_zero_rows_see_one_key_or_none_beside_far_rows():
+    """A case of the far-below-zero generator whose mask leaves a row without keys and a row with one."""
+
+    def lonely_rows(spec: CaseSpec) -> bool:
+        counts = spec.visible_ranges("cpu")[1] - spec.visible_ranges("cpu")[0] + 1
+        return spec.generator == "far-below-zero" and bool((counts <= 0).any()) and bool((counts == 1).any())
+
+    find(cases.case_specs(capabilities=FULL, device="cpu", limits=SMALL), lonely_rows, settings=SEARCH)
 
 
 def test_boundary_lengths_hold_the_tiling_edges():
@@ -237,6 +270,32 @@ def test_dp_cancellation_makes_dp_minus_d_tiny_relative_to_dp():
     weights = torch.softmax(_scores(spec), dim=-1)
     delta = (weights * dp).sum(dim=-1, keepdim=True)
     assert float(((dp - delta).abs().amax(-1) / dp.abs().amax(-1)).median()) < 0.1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("softmax_scale", [None, 2.0**-6, 4.0])
+def test_far_below_zero_rows_reach_minus_a_million_beside_ordinary_rows(dtype, softmax_scale):
+    """Rows whose every score lies at one level from -90 down to about -10^6 in every dtype (float16 by a
+    key gain of 2^14), a quarter of the rows ordinary, every input finite in the dtype."""
+    spec = dataclasses.replace(_spec("far-below-zero", dtype, seqlen_q=64), softmax_scale=softmax_scale)
+    assert values.far_level_reach(spec)[0] == values.FAR_LEVELS[1]
+    scores = _scores(spec)
+    top, bottom = scores.amax(dim=-1), scores.amin(dim=-1)
+    far = top < -80
+    assert 0.6 < float(far.double().mean()) < 0.9 and float(top[~far].abs().max()) < 40
+    assert float(top.min()) < -1e5 and float(top[far].max()) > -200
+    assert float(((top - bottom) / top.abs())[far].max()) < 2**-6
+
+
+def test_far_below_zero_reach_follows_float16_range():
+    """float16 reaches -10^6 down to softmax_scale 2^-8; below it the reach shrinks with the scale,
+    and the inputs stay finite."""
+    spec = dataclasses.replace(_spec("far-below-zero", "float16"), softmax_scale=2.0**-12)
+    reach, gain = values.far_level_reach(spec)
+    assert gain == 2.0**14 and reach < values.FAR_LEVELS[1]
+    assert values.far_level_reach(dataclasses.replace(spec, softmax_scale=2.0**-8))[0] == values.FAR_LEVELS[1]
+    case = make_case(spec)
+    assert bool(case.q.isfinite().all()) and float(_scores(spec).min()) > -1.01 * reach
 
 
 def test_visible_mask_agrees_with_rows_without_keys():

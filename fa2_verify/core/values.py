@@ -499,3 +499,76 @@ def boundary_keys(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     for row, key in pairs:
         q[:, row, :, channel[key]] = size
     return q, k, v, dout
+
+
+#: Magnitudes of a ``far-below-zero`` row's level, drawn log-uniform: from just past -ln(float32 max) =
+#: -88.7 (below it exp(-LSE) overflows float32) down to -10^6, far past the finite sentinels kernels
+#: use for -inf (-1e4, -5e4).
+FAR_LEVELS: tuple[float, float] = (90.0, 1e6)
+
+#: Share of a ``far-below-zero`` case's rows at an ordinary level (uniform on -2 .. 2) instead.
+FAR_ORDINARY_ROWS = 0.25
+
+#: How much a ``far-below-zero`` level per unit of the key gain ``g`` leaves below the dtype's largest
+#: value: ``|c| / g <= max / FAR_GRADIENT_HEADROOM``, so that ``dK = scale dS^T Q``, whose component
+#: along the keys' direction is ``sum_i dS_ij c_i / g``, stays finite however many rows add to it.
+FAR_GRADIENT_HEADROOM = 1024.0
+
+
+def far_level_reach(spec: "CaseSpec") -> tuple[float, float]:
+    """``(reach, g)``: the deepest level magnitude ``far-below-zero`` draws for ``spec`` and the key gain.
+
+    Keys carry ``g`` (a power of two, at most half the dtype's largest value) along a basis vector,
+    queries ``c / (scale g)`` (at most a quarter of it), so ``reach = min(10^6, scale g max / 4)``:
+    float16 (``g = 2^14``) reaches -10^6 for ``softmax_scale >= 2^-8`` and ``2.7e8 scale`` below
+    that; bfloat16, float32 and float64 (``g = 1``) always reach -10^6.
+    """
+    largest = _finfo(spec).max
+    needed = FAR_GRADIENT_HEADROOM * FAR_LEVELS[1] / largest
+    gain = min(2.0 ** math.ceil(math.log2(max(needed, 1.0))), 2.0 ** math.floor(math.log2(largest / 2)))
+    return min(FAR_LEVELS[1], spec.scale * gain * largest / 4), gain
+
+
+@register("far-below-zero")
+def far_below_zero(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    """Three rows in four see every score at one level ``c_i`` from about -90 down to -10^6
+    (:data:`FAR_LEVELS`, log-uniform, within :func:`far_level_reach`), the others an ordinary level.
+
+    Per (batch, kv head) a signed basis vector ``a`` (exact in every dtype): keys ``k_j = g a`` plus,
+    on half of the pairs, noise orthogonal to ``a`` giving each row a spread of about
+    :data:`PLATEAU_SPREAD` (on the other half every score of a row is the same number), queries
+    ``q_i = c_i / (scale g) a`` plus noise orthogonal to ``a``, as in cuDNN's and FlashInfer's
+    reproductions (pytorch #196678, flashinfer #4267).  Ordinary rows (:data:`FAR_ORDINARY_ROWS`) sit
+    at ``c_i`` uniform on [-2, 2] with eight times the spread.  In 16-bit dtypes the rounding of
+    ``q_i`` moves a far row's scores by about ``2^-11 |c_i|`` (float16) or ``2^-8 |c_i|`` (bfloat16),
+    so such rows are often dominated by one key; they stay far below zero.  Under a causal mask or a
+    window beside ``seqlen_q > seqlen_k`` (:mod:`properties.masks`), rows that see one key or none sit
+    next to them.  Bug class: a running max started at a finite "-inf" (FlashInfer's -5e4: a row
+    whose scores all lie below it returns 0 and the sentinel as its LSE) or masked scores set to a
+    finite value (-1e4, -5e4: a fully masked row gets a finite LSE, a masked key outweighs a visible
+    one at -2e4); a backward whose ``exp(S - LSE)`` overflows once ``LSE < -ln(FLT_MAX) = -88.7``
+    (cuDNN's unmasked key tail, ``exp(0 - LSE) = inf`` times a zero key gives NaN in dQ); FA2
+    Algorithm 1 line 5 starts the running max at -inf and Algorithm 2 line 11 recomputes
+    ``P = exp(S - L)``.  ``score-plateau`` stops at -256.
+    """
+    q_shape, k_shape, v_shape, dout_shape = shapes(spec)
+    group = spec.heads_q // spec.heads_kv
+    pair_shape = (spec.batch, 1, spec.heads_kv, 1)
+    row_shape = (spec.batch, spec.seqlen_q, spec.heads_q, 1)
+    reach, gain = far_level_reach(spec)
+    axis = torch.randint(spec.head_dim, pair_shape, generator=rng)
+    sign = torch.randint(2, pair_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    a_kv = sign * torch.nn.functional.one_hot(axis, spec.head_dim).to(_FLOAT64).squeeze(-2)
+    a_q = a_kv.repeat_interleave(group, dim=2)
+    high = math.log(reach)
+    low = min(math.log(FAR_LEVELS[0]), high)
+    far = -torch.exp(_uniform(row_shape, rng, low, high))
+    ordinary = torch.rand(row_shape, generator=rng) < FAR_ORDINARY_ROWS
+    level = torch.where(ordinary, _uniform(row_shape, rng, -2.0, 2.0), far)
+    noise = torch.where(ordinary, 8.0, 1.0)
+    q = level / (spec.scale * gain) * a_q + noise * _orthogonal_noise(q_shape, a_q, rng)
+    spread = (torch.rand(pair_shape, generator=rng) < 0.5).to(_FLOAT64) * PLATEAU_SPREAD
+    k = gain * a_kv + spread / (spec.scale * spec.head_dim**0.5) * _orthogonal_noise(k_shape, a_kv, rng)
+    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    return q, k, v, dout

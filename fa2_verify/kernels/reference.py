@@ -104,11 +104,11 @@ class Tiles:
     def query_blocks(self, j: int) -> Iterator[int]:
         return (i for i in range(self.num_q) if self.seen[i][j])
 
-    def masked(self, s: torch.Tensor, i: int, j: int) -> torch.Tensor:
-        """``s`` with ``-inf`` where the tile's mask hides a key."""
+    def masked(self, s: torch.Tensor, i: int, j: int, fill: float = NEG_INF) -> torch.Tensor:
+        """``s`` with ``fill`` (``-inf``) where the tile's mask hides a key."""
         if self.full[i][j]:
             return s
-        return s.masked_fill(~self.visible[self.rows(i), self.cols(j)], NEG_INF)
+        return s.masked_fill(~self.visible[self.rows(i), self.cols(j)], fill)
 
 
 def _accumulated(x: torch.Tensor, dtype: torch.dtype, heads: torch.Tensor | None = None) -> torch.Tensor:
@@ -225,6 +225,10 @@ class TiledAttention:
         """The running max before the first key block (Algorithm 1, line 5): -inf."""
         return NEG_INF
 
+    def _masked_score(self) -> float:
+        """The score a key hidden by the mask gets, forward and backward: -inf."""
+        return NEG_INF
+
     def _guard_max(self, m: torch.Tensor) -> torch.Tensor:
         """The reference point for exp: ``m``, or 0 where no key was visible yet."""
         return m.masked_fill(m == NEG_INF, 0.0)
@@ -297,7 +301,7 @@ class TiledAttention:
         o = torch.zeros_like(q_i)
         for j in tiles.key_blocks(i):
             cols = tiles.cols(j)
-            s = tiles.masked((q_i @ kh[:, :, cols].transpose(-1, -2)) * softmax_scale, i, j)
+            s = tiles.masked((q_i @ kh[:, :, cols].transpose(-1, -2)) * softmax_scale, i, j, self._masked_score())
             m_new = torch.maximum(m, s.amax(dim=-1))
             alpha = self._rescale_factor(m, m_new)
             p = torch.exp(s - self._guard_max(self._probability_max(m, m_new)).unsqueeze(-1))
@@ -343,7 +347,7 @@ class TiledAttention:
             for i in tiles.query_blocks(j):
                 rows = tiles.rows(i)
                 q_i, do_i = qh[:, :, rows], doh[:, :, rows]
-                s = tiles.masked((q_i @ k_j.transpose(-1, -2)) * softmax_scale, i, j)
+                s = tiles.masked((q_i @ k_j.transpose(-1, -2)) * softmax_scale, i, j, self._masked_score())
                 p = torch.exp(s - lse_h[:, :, rows].unsqueeze(-1))
                 dv_j += p.to(q.dtype).to(acc).transpose(-1, -2) @ do_i
                 dp = do_i @ v_j.transpose(-1, -2)

@@ -1,4 +1,5 @@
-"""Mask strategies: none, causal, every kind of sliding window, and rows that see no key.
+"""Mask strategies: none, causal, every kind of sliding window (sides at their encoding's edges among
+them), and rows that see no key.
 
 Masks are bottom-right aligned (:func:`core.contract.visible_mask`; a kernel
 declaring top-left alignment has its cases checked with that mask, which the
@@ -8,7 +9,12 @@ case strategies set, :meth:`core.case.CaseSpec.aligned`): with
 ``i + shift + right < 0``, i.e. only when ``seqlen_q > seqlen_k + right``; the
 ``empty_rows`` branch draws those shapes on purpose, since the contract's
 answer there (out = 0, dq = 0, lse = +-inf, never NaN) is what a naive
-``m = -inf; exp(s - m)`` gets wrong.
+``m = -inf; exp(s - m)`` gets wrong.  Every window side is one of
+:func:`edge_sides` a third of the time (0, ``seqlen_k - 1``, ``seqlen_k``,
+beyond every key), beside -1 on the other side (``(-1, 0)``, ``(0, -1)``), 0
+(``(0, 0)``) or a side of its own: kernels translate ``-1`` and the inclusive
+bounds into their own encodings, and get the edges wrong (TransformerEngine
+#3528, SGLang PR #32087).
 """
 
 from __future__ import annotations
@@ -31,10 +37,24 @@ def kernel_masks(*, seqlen_q: int, seqlen_k: int, capabilities) -> st.SearchStra
                  causal_only=capabilities.causal_only)
 
 
+def edge_sides(*, seqlen_q: int, seqlen_k: int) -> list[int]:
+    """The window sides at the edges of their encoding, smallest first: 0 (the diagonal only), one side
+    of ``seqlen_q - 1``, ``seqlen_k - 1`` (just reaching the first key from the last row, or the last
+    key from the first), ``seqlen_q``, ``seqlen_k`` and one past each (beyond every key), and past both."""
+    sides = {0, seqlen_q + seqlen_k + 1}
+    for length in (seqlen_q, seqlen_k):
+        sides.update((max(length - 1, 0), length, length + 1))
+    return sorted(sides)
+
+
 def window_sides(*, seqlen_q: int, seqlen_k: int) -> st.SearchStrategy[int]:
-    """A window side in ``[0, seqlen_q + seqlen_k + 1]``: 0, 1, boundary lengths, or past every key."""
+    """A window side in ``[0, seqlen_q + seqlen_k + 1]``: 0, 1, boundary lengths, :func:`edge_sides`, or past every key."""
     largest = seqlen_q + seqlen_k + 1
-    return st.one_of(st.sampled_from(boundary_lengths(min_value=0, max_value=largest)), st.integers(0, largest))
+    return st.one_of(
+        st.sampled_from(boundary_lengths(min_value=0, max_value=largest)),
+        st.integers(0, largest),
+        st.sampled_from(edge_sides(seqlen_q=seqlen_q, seqlen_k=seqlen_k)),
+    )
 
 
 def masks(
