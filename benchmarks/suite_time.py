@@ -70,7 +70,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
                         help="comma-separated, from cold, warm and cold-known (default cold,warm)")
     parser.add_argument("--triton-cache", default=None, help="Triton cache directory (default OUT/triton-cache)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                        help="stop each pass after SECONDS (SIGINT, as ci/device-scale.sh does: the tests finished "
+                        help="stop each pass after SECONDS (SIGINT, as lab/device/device-scale.sh does: the tests finished "
                              "by then keep their records, the table says the pass was stopped)")
     parser.add_argument("--package-root", default=None, help="directory holding the fa2_verify package to time")
     parser.add_argument("--out", required=True, help="output directory (its table.md, times.json and pass folders "

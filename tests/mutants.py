@@ -14,7 +14,7 @@ shape of the fixed case set: a correct kernel (``triton`` on a GPU, whose
 speed the scale set needs, ``reference`` on the CPU) behind one emulated
 deviation that only appears past a size limit (:class:`ScaleMutant`).
 ``fa2-verify run --cases scale`` on a GPU is what catches them
-(``ci/device-scale.sh``).
+(``lab/device/device-scale.sh``).
 """
 
 from __future__ import annotations

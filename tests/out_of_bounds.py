@@ -1,4 +1,4 @@
-"""A kernel that faults a GPU on one case shape only, for ci/device-fault.sh (not run on the CPU).
+"""A kernel that faults a GPU on one case shape only, for lab/device/device-fault.sh (not run on the CPU).
 
 ``KERNEL`` is the ``reference`` kernel (head dims 32 and 40) whose forward,
 on a case with head_dim 40, first launches a small Triton kernel that stores

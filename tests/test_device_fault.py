@@ -6,7 +6,7 @@ process, as a lost context does; a fresh process runs it as the reference.
 ``fa2-verify run`` charges the fault to the case, and runs the cases after it
 in a fresh process, with the cases done carried over (verify.continuation).
 A call that hangs past ``--call-timeout`` ends the command, naming the call and
-its case (verify.watchdog).  The GPU counterpart is ci/device-fault.sh.
+its case (verify.watchdog).  The GPU counterpart is lab/device/device-fault.sh.
 """
 
 from __future__ import annotations

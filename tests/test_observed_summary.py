@@ -1,15 +1,10 @@
-"""ci/observed_summary.py: examples per second and largest shapes from Hypothesis' observations."""
+"""benchmarks/observed_summary.py: examples per second and largest shapes from Hypothesis' observations."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("observed_summary", ROOT / "ci" / "observed_summary.py")
-observed_summary = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(observed_summary)
+from benchmarks import observed_summary
 
 
 def _case(batch: int, seqlen_q: int, seqlen_k: int, heads_q: int, head_dim: int) -> dict:

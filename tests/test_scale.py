@@ -1,7 +1,7 @@
 """The scale code path on the CPU: the case sets, chunked comparison, ``run --cases scale``, the scale mutants.
 
 The GPU demonstration (the scale set passing ``triton`` and ``torch-flash``
-and failing each scale mutant at 128k tokens) is ``ci/device-scale.sh``;
+and failing each scale mutant at 128k tokens) is ``lab/device/device-scale.sh``;
 here everything runs on small shapes, within the CI budget.
 """
 

@@ -1,14 +1,8 @@
-"""ci/targets_table.py: the kernel x property table of docs/targets.md, from JUnit files."""
+"""benchmarks/targets_table.py: the kernel x property table of docs/targets.md, from JUnit files."""
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("targets_table", ROOT / "ci" / "targets_table.py")
-targets_table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(targets_table)
+from benchmarks import targets_table
 
 NO_LSE = '<skipped type="pytest.skip" message="unsupported: the kernel provides no LSE">reason</skipped>'
 

@@ -14,7 +14,7 @@ float64 backward, dQ added in the input dtype per key block and GQA dK/dV
 added in the input dtype head by head (both declared as ``partial_sums``, eq.
 7b to 9b), eager rescaling, other tiles.  ``tests/test_variants.py`` checks
 that each computes attention (it agrees with the reference in float64);
-``ci/false-alarms.sh`` runs the property suite against all of :data:`NAMES`.
+``lab/false-alarms.sh`` runs the property suite against all of :data:`NAMES`.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from fa2_verify.kernels.autograd import recomputed_gradients
 #: flash-attn 2 supports head dims up to 256 that are multiples of 8.
 HEAD_DIMS: tuple[int, ...] = tuple(range(8, 257, 8))
 
-#: A build of flash-attn with a subset of its head-dim templates (ci/build-flash-attn.sh) declares the
+#: A build of flash-attn with a subset of its head-dim templates (lab/third-party/build-flash-attn.sh) declares the
 #: head dims it runs exactly, as a comma-separated list in this variable.
 HEAD_DIMS_ENV = "FA2_FLASH_ATTN_HEAD_DIMS"
 

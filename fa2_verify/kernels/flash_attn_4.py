@@ -22,7 +22,7 @@ for sm90/sm100.  Nothing is imported until asked: without the package, without
 a CUDA device, or when ``import flash_attn.cute`` fails (e.g. the DSL's
 ``cutlass.cute`` Python package missing), :meth:`FlashAttn4.unavailable_reason` says which and every
 call raises :class:`~core.errors.UnsupportedCase`.  (The DSL's ``cutlass.cute``
-ships in ``nvidia-cutlass-dsl-libs-core``; ci/install-fa4.sh installs the set.)
+ships in ``nvidia-cutlass-dsl-libs-core``; lab/third-party/install-fa4.sh installs the set.)
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ class FlashAttn4:
     def unavailable_reason(self) -> str | None:
         if not _installed():
             return ("package flash-attn-4 not installed (pip install flash-attn-4 nvidia-cutlass-dsl; "
-                    "without network: ci/fetch-fa4-wheels.sh, then ci/install-fa4.sh)")
+                    "without network: lab/third-party/fetch-fa4-wheels.sh, then lab/third-party/install-fa4.sh)")
         if not torch.cuda.is_available():
             return "needs a CUDA device (FlashAttention-4 runs on sm90+ GPUs only)"
         capability = torch.cuda.get_device_capability()

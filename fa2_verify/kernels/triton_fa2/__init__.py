@@ -44,7 +44,7 @@ sequence lengths, the head dim within its block, the window bounds (an absent
 one is ``plans.NO_BOUND``), the strides in their unit.  :mod:`.plans` computes
 every launch's arguments as a pure function of the call, :mod:`.variants`
 reads Triton's compile key from them without a GPU (``python -m
-benchmarks.count_variants``), and ``fa2-verify warmup`` compiles a profile's
+lab.probes.count_variants``), and ``fa2-verify warmup`` compiles a profile's
 variants in parallel ahead of a suite run.
 
 Where it runs is computed from the environment (:mod:`.environment`): CUDA

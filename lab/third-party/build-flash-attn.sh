@@ -3,7 +3,7 @@
 # its source distribution for Hopper only, optionally for a subset of its
 # head-dim templates, so the build fits the device budget.
 #   .fa2src/flash_attn-$FA2_FLASH_ATTN_VERSION.tar.gz   the sdist (carried; fetch it
-#       here with ci/fetch-flash-attn-source.sh: the GPU machine has no network)
+#       here with lab/third-party/fetch-flash-attn-source.sh: the GPU machine has no network)
 #   FA2_FLASH_ATTN_HEAD_DIMS  templates to build, ascending (default "64 128";
 #       flash-attn's own set is "32 64 96 128 192 256").  flash-attn runs head dim d
 #       on the smallest template >= d and sizes its buffers by d rounded up to that
@@ -15,7 +15,7 @@
 # Prints the two exports that make the build importable and declare its head
 # dims (FA2_FLASH_ATTN_HEAD_DIMS) to fa2-verify's flash-attn target.  Exit status 0 once it imports.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 version="${FA2_FLASH_ATTN_VERSION:-2.8.3}"
 read -ra dims <<<"${FA2_FLASH_ATTN_HEAD_DIMS:-64 128}"
 build="${FA2_FLASH_ATTN_BUILD:-/root/fa2build}"

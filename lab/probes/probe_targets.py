@@ -1,6 +1,6 @@
 """What each third-party attention entry point takes and returns on this GPU: signatures, LSE layout and base.
 
-``python3 ci/probe_targets.py`` prints, per target, the call's signature (where
+``python3 lab/probes/probe_targets.py`` prints, per target, the call's signature (where
 Python can read it), the shape and dtype of what it returns, and the relative
 error of its output and of ``lse`` read as natural log and as base 2 against a
 float64 reference on one small causal case (batch 2, seqlen 256, 4 heads,

@@ -3,7 +3,7 @@
 # (tests/variants.py: float32 P, exp2, split-KV, per-head GQA rounding, ...),
 # each of which must pass: a failure is a false alarm of the error model
 # (docs/properties.md, "Correct kernels of other numerics").
-#   ci/false-alarms.sh [NAME ...]     (default: every kernel of tests.variants.NAMES)
+#   lab/false-alarms.sh [NAME ...]     (default: every kernel of tests.variants.NAMES)
 # $FA2_PROFILE (default ci), $FA2_SEED (a --hypothesis-seed; default: the profile's own),
 # $FA2_WORKERS (pytest-xdist workers, default 2) and $FA2_OUT (default ci-out/false-alarms)
 # apply; each kernel's pytest output goes to $FA2_OUT/NAME.log and one line per

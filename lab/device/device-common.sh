@@ -2,13 +2,13 @@
 # Sourced by the ci/device-*.sh scripts, from the repository root, on a GPU
 # machine with no install step: fa2-verify runs from the source tree (on
 # PYTHONPATH, output unbuffered), with the dependencies the image lacks
-# (ci/device-deps.sh); `plugin` holds the pytest arguments that load the
+# (lab/device/device-deps.sh); `plugin` holds the pytest arguments that load the
 # property suite's plugin: `-p fa2_verify.properties.plugin` from the source
 # tree, nothing where fa2-verify is installed (its pytest11 entry point loads
 # it, and naming it again is an error).
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# shellcheck source=ci/device-deps.sh
-source ci/device-deps.sh
+# shellcheck source=lab/device/device-deps.sh
+source lab/device/device-deps.sh
 plugin=(-p fa2_verify.properties.plugin)
 if python3 -c 'import importlib.metadata as m, sys; sys.exit(not any(e.value == "fa2_verify.properties.plugin" for e in m.entry_points(group="pytest11")))'; then
     plugin=()

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Waits for a detached ci/device-steps.sh run and brings back what it has done so far:
-# `ci/device-collect.sh DIR SECONDS` waits until DIR/done exists or SECONDS pass, then packs
+# Waits for a detached lab/device/device-steps.sh run and brings back what it has done so far:
+# `lab/device/device-collect.sh DIR SECONDS` waits until DIR/done exists or SECONDS pass, then packs
 # DIR (caches and example databases aside) into $OUT/steps.tgz and prints DIR/steps.txt.
 # A detached run lives only while a device call is in flight, so the calls that collect it
 # follow each other back to back.

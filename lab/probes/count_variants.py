@@ -7,7 +7,7 @@ each) and reduces their launches on an H100/H200 (tile table ``sm90``) to
 Triton's compile keys (:mod:`kernels.triton_fa2.variants`).  Runs on the
 CPU with Triton installed and ``TRITON_INTERPRET`` unset::
 
-    python -m benchmarks.count_variants --profile ci --examples 400
+    python -m lab.probes.count_variants --profile ci --examples 400
 """
 
 from __future__ import annotations

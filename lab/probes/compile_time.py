@@ -15,8 +15,8 @@ Triton with its bundled ptxas and ``TRITON_INTERPRET`` unset; no GPU.
 ``--row`` replaces a row of the sm90 table for this run, to time a candidate
 tile (the package's table is not changed)::
 
-    python -m benchmarks.compile_time --dtype float32 --head-dim 32 64 128 256
-    python -m benchmarks.compile_time --dtype float32 --head-dim 128 --row backward_kv:128=32,32,8,1
+    python -m lab.probes.compile_time --dtype float32 --head-dim 32 64 128 256
+    python -m lab.probes.compile_time --dtype float32 --head-dim 128 --row backward_kv:128=32,32,8,1
 
 Not part of the test suite (it takes minutes: an old float32 variant compiled for up to 32 s on 2 cores).
 """

@@ -1,6 +1,6 @@
 """How many of the compile keys a suite-like draw needs ``fa2-verify warmup`` compiles, without a GPU.
 
-    python -m benchmarks.warmup_coverage --profile ci --examples 400 --suite-examples 20 --seeds 0 1
+    python -m lab.probes.warmup_coverage --profile ci --examples 400 --suite-examples 20 --seeds 0 1
 
 The warm-up enumerates ``--examples`` derandomized draws of each property's
 case strategy (:func:`cli.commands.warmup.profile_cases`) and compiles their

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by ci/device-common.sh on the GPU machine, whose image lacks
+# Sourced by lab/device/device-common.sh on the GPU machine, whose image lacks
 # jsonschema (a dependency of fa2-verify): the wheels carried in .whl-c
 # (jsonschema, jsonschema-specifications, referencing, rpds-py for Python 3.12,
 # from `pip download --only-binary=:all:`) are installed into $FA2_DEPS_SITE

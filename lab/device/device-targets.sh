@@ -6,20 +6,20 @@
 #      dev:2", PROFILE:SEED), $FA2_TARGET_WORKERS xdist workers (default 8), each
 #      stopped (SIGINT, so pytest still reports) after $FA2_TARGET_TIMEOUT seconds
 #      (default 600), JUnit XML per run;
-#   3. the kernel x property table of every run (ci/targets_table.py).
+#   3. the kernel x property table of every run (benchmarks/targets_table.py).
 # FA2_TARGET_CONCURRENT=1 runs the targets side by side (one background job per
 # target, each with its own workers), for small-shape runs that leave the GPU idle.
 # FA2_TARGET_SELECT (a pytest -k expression) runs only the properties it selects;
 # FA2_TARGET_FIXED=0 skips step 1.
 # A target that cannot run here is still run: `run` then reports it unsupported
 # with its reason, and the table shows why.
-# Dependencies the GPU image lacks come from .whl-c (ci/device-deps.sh).
+# Dependencies the GPU image lacks come from .whl-c (lab/device/device-deps.sh).
 # Writes into $1 (default gpu-out): run-KERNEL.log/.md, properties-KERNEL-PROFILE-SEED.log/.xml,
 # targets.md.  Exit status: 0 when every run and property run passed.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=ci/device-common.sh
-source ci/device-common.sh
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 out="${1:-gpu-out}"
 mkdir -p "$out"
@@ -83,5 +83,5 @@ for kernel in "${targets[@]}"; do
         [[ -f "$xml" ]] && xmls+=("$xml")
     done
 done
-((${#xmls[@]})) && python3 ci/targets_table.py "${xmls[@]}" >"$out/targets.md" && cat "$out/targets.md"
+((${#xmls[@]})) && python3 benchmarks/targets_table.py "${xmls[@]}" >"$out/targets.md" && cat "$out/targets.md"
 exit "$status"

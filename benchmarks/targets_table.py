@@ -1,6 +1,6 @@
 """A kernel x property table (Markdown) from the property suite's JUnit files, for docs/targets.md.
 
-``python3 ci/targets_table.py OUT/properties-KERNEL-PROFILE.xml ...`` prints one
+``python3 benchmarks/targets_table.py OUT/properties-KERNEL-PROFILE.xml ...`` prints one
 row per property and one column per file (named by the file's ``KERNEL-PROFILE``
 part): ``pass``, ``FAIL`` with the first line of the failure and its one-line
 reproduction, or ``unsupported`` with the reason the plugin gave.  A property

@@ -1,6 +1,6 @@
 """Which small shapes a target fails to run at all (raises, or kills its process), one fresh process per shape.
 
-``python3 ci/probe_shapes.py --kernel NAME [--head-dims 16,32] [--heads 4/4,4/1]
+``python3 lab/probes/probe_shapes.py --kernel NAME [--head-dims 16,32] [--heads 4/4,4/1]
 [--seqlens 33,128,1/2] [--masks causal,none] [--dtypes float16] [--processes N]``
 calls the target's forward and backward, through the registry as the suite
 does, on every shape of the grid (batch 1; a sequence length ``Q/K`` sets

@@ -5,11 +5,11 @@
 #   .whl-a/  the small wheels and the first half of nvidia-cutlass-dsl-libs-cu13
 #   .whl-b/  its second half
 # Both folders must be ignored by git (.git/info/exclude) and are carried by two
-# consecutive device calls on the same warm machine; ci/install-fa4.sh puts
+# consecutive device calls on the same warm machine; lab/third-party/install-fa4.sh puts
 # them together there.  The DSL's Python package (cutlass/cute) is in
 # nvidia-cutlass-dsl-libs-core, which libs-base requires.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 version="${FA2_FA4_VERSION:-4.0.0b36}"
 dsl="${FA2_CUTLASS_DSL_VERSION:-4.8.1}"
 work="$(mktemp -d)"

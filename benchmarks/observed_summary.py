@@ -5,7 +5,7 @@ Run the suite with ``HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY=1`` (and
 Hypothesis appends one JSON line per example to
 ``.hypothesis/observed/*_testcases.jsonl`` as soon as the example ends, so a
 run stopped by a time limit still has a record of every example it finished.
-``python3 ci/observed_summary.py FILE...`` prints, per property, the examples
+``python3 benchmarks/observed_summary.py FILE...`` prints, per property, the examples
 (passed, failed, invalid), the seconds spent executing them, examples per
 second, and the largest case drawn by work (``batch * heads_q * seqlen_q *
 seqlen_k * head_dim``); then the longest sequence lengths, largest head dim

@@ -12,9 +12,9 @@
 # faulted the device", its reproduction, and the summary "2 passed, 0 failed,
 # 1 errors".  Prints "device-fault: ok" and exits 0 when all of that holds.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=ci/device-common.sh
-source ci/device-common.sh
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
 out="$(mktemp -d)"
 python3 -m fa2_verify run --device cuda --kernel tests.out_of_bounds:KERNEL --case fp16-none-sk1 \
     --case fp32-none-gqa --case fp32-window-mqa >"$out/stdout" 2>"$out/stderr"

@@ -2,7 +2,7 @@
 # Every GPU claim of fa2-verify in one call, on a machine with no network and no
 # install step (the project runs from the source tree through PYTHONPATH):
 #   1. `run` on the fixed cases for triton and torch-flash;
-#   2. the property suite (ci profile) against both (ci/device-properties.sh);
+#   2. the property suite (ci profile) against both (lab/device/device-properties.sh);
 #   3. baselines of both on the gate corpus (3 repeats, for the atomic dQ),
 #      the gate twice against each, and a degraded triton (error of out x2)
 #      that the gate must fail.
@@ -12,7 +12,7 @@
 # them, golden cache aside, into $FA2_ARCHIVE (default gpu-out.tgz).
 # Exit status: 0 when every step did what it must.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
+cd "$(dirname "$0")/../.." || exit 2
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 out="${FA2_WORK:-gpu-out}"
 archive="${FA2_ARCHIVE:-$out.tgz}"
@@ -33,7 +33,7 @@ expect() {  # expect CODE DESCRIPTION COMMAND...
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 if [[ "$steps" == *properties* ]]; then
-    expect 0 properties bash ci/device-properties.sh "$out"
+    expect 0 properties bash lab/device/device-properties.sh "$out"
 fi
 for kernel in triton torch-flash; do
     if [[ "$steps" == *run* ]]; then

@@ -10,7 +10,7 @@ Prints every case that touched memory outside its tensors; exit status 1 if
 any did.  It found the varlen row -1 load that faulted an H100
 (docs/benchmarks.md, "The suite after the search changes")::
 
-    PYTHONPATH=. TRITON_INTERPRET=1 python ci/probe_bounds.py --cases 150 --seed 1 [--tma] [--varlen]
+    PYTHONPATH=. TRITON_INTERPRET=1 python lab/probes/probe_bounds.py --cases 150 --seed 1 [--tma] [--varlen]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import random
 import sys
 
 if os.environ.get("TRITON_INTERPRET") != "1":
-    sys.exit("ci/probe_bounds.py: set TRITON_INTERPRET=1 (the bounds check runs in the Triton interpreter)")
+    sys.exit("lab/probes/probe_bounds.py: set TRITON_INTERPRET=1 (the bounds check runs in the Triton interpreter)")
 
 import torch  # noqa: E402
 

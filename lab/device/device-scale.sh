@@ -8,11 +8,11 @@
 # per case in the kernel, the golden and the comparison), run-NAME/tolerance.json,
 # properties-scale.log (-v, Hypothesis statistics, examples per second and
 # the worst cases of the plugin's summary), and Hypothesis' observations of every
-# finished example with their summary (ci/observed_summary.py: examples per
+# finished example with their summary (benchmarks/observed_summary.py: examples per
 # second and the largest shapes, also for a run the time limit stopped).  At the end it prints one table:
 # target, exit status, cases passed/failed, and total kernel, golden and
 # comparison seconds; then the failing outputs of each mutant.
-# Dependencies the GPU image lacks come from .whl-c (ci/device-deps.sh).
+# Dependencies the GPU image lacks come from .whl-c (lab/device/device-deps.sh).
 # FA2_SCALE_TARGETS overrides the run targets (space-separated; empty: none);
 # FA2_SCALE_CASES (space-separated case names) runs only those cases of the set
 # (`run --case`), e.g. a mutant on the one case it must fail;
@@ -21,9 +21,9 @@
 # Exit status: 0 when triton and torch-flash pass, every mutant fails (exit 1)
 # and the profile run ends without a failure.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=ci/device-common.sh
-source ci/device-common.sh
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 out="${1:-gpu-out/scale}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"
@@ -83,7 +83,7 @@ if ((seconds > 0)); then
     echo "== scale profile against triton: exit $? after $(($(date +%s) - started)) s"
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
     cp .hypothesis/observed/*_testcases.jsonl "$out/" 2>/dev/null
-    compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 ci/observed_summary.py "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
+    compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 benchmarks/observed_summary.py "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
 fi
 
 ok=0

@@ -20,9 +20,9 @@
 # gpu-out/triton-cache), so a second run on the same machine compiles nothing.
 # Exit status: 0 when both runs pass.
 set -uo pipefail
-cd "$(dirname "$0")/.." || exit 2
-# shellcheck source=ci/device-common.sh
-source ci/device-common.sh
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 out="${1:-gpu-out}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"

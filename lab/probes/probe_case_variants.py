@@ -1,6 +1,6 @@
 """Which field of a failing case decides the failure: the case, then each one-field variation of it.
 
-``python3 ci/probe_case_variants.py --kernel NAME --device cuda --case JSON
+``python3 lab/probes/probe_case_variants.py --kernel NAME --device cuda --case JSON
 --vary generator=normal --vary seqlen_q=16 --vary 'window_size=[3,-1]' ...``
 checks the case (as ``fa2-verify repro`` does: :func:`verify.check.check_case`
 against the golden) and then each variation, which changes one field of it

@@ -1,13 +1,13 @@
 """One value generator against several kernels: does a correct kernel pass every case it draws?
 
-``python3 ci/probe_generator.py --generator score-plateau --kernels reference,torch-flash --device cpu
+``python3 lab/probes/probe_generator.py --generator score-plateau --kernels reference,torch-flash --device cpu
 --cases 40`` draws ``--cases`` cases with that generator only (the ``ci`` profile's shapes and masks for
 each kernel's capabilities, derandomized, forward and backward), checks each against the golden
 (:func:`verify.check.check_case`, as ``fa2-verify repro`` does) and prints one Markdown row per kernel:
 cases run, passed, failed, unsupported, the worst normalized error per output, and the reproduction of
 each failure.  A new generator must pass every correct kernel before it joins the suite (a false alarm
 is as serious as a miss); on a third-party kernel a failure is a finding, to narrow down with
-ci/probe_case_variants.py.  Exit status 0 when no case failed.
+lab/probes/probe_case_variants.py.  Exit status 0 when no case failed.
 """
 
 from __future__ import annotations

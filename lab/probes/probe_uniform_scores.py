@@ -1,6 +1,6 @@
 """Does a target's backward survive a query row whose scores are all one value ``c``: for which ``c`` is it finite?
 
-``python3 ci/probe_uniform_scores.py --kernel NAME [--scores -25,-17,-14,0,17,25]
+``python3 lab/probes/probe_uniform_scores.py --kernel NAME [--scores -25,-17,-14,0,17,25]
 [--seqlens-k 16,64,128] [--head-dims 8,64] [--dtypes float16,bfloat16]``
 
 Softmax is shift-invariant: a row whose scaled scores all equal ``c`` has

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# On the GPU machine: install FlashAttention-4 from the wheels ci/fetch-fa4-wheels.sh
+# On the GPU machine: install FlashAttention-4 from the wheels lab/third-party/fetch-fa4-wheels.sh
 # split into .whl-a and .whl-b.  Run it in two consecutive device calls on the
 # same warm machine, the first carrying .whl-a, the second .whl-b; each call
 # stages what it carries in $FA2_FA4_STAGE (default /root/fa4), and the call
@@ -7,7 +7,7 @@
 # Then: export PYTHONPATH="$FA2_FA4_SITE:$FA2_FA4_SITE/nvidia_cutlass_dsl/dsl_packages"
 # (a --target install does not process the meta wheel's .pth file).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 stage="${FA2_FA4_STAGE:-/root/fa4}"
 site="${FA2_FA4_SITE:-/root/site}"
 mkdir -p "$stage"

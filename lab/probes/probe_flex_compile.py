@@ -1,6 +1,6 @@
 """How many compiles, and how many seconds, the flex-attention target spends on a run of varied shapes.
 
-``python3 ci/probe_flex_compile.py [--cases 24] [--out DIR]`` calls the
+``python3 lab/probes/probe_flex_compile.py [--cases 24] [--out DIR]`` calls the
 ``flex-attention`` target's forward and backward (as the property suite does)
 on the same list of varied cases (lengths 1 to 300, unmasked, causal and window
 masks, float16, bfloat16 and float32, head dims 16 to 128, MHA and GQA) in one
