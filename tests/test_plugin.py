@@ -20,7 +20,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fa2_verify.golden import options
 from fa2_verify.properties import inflight, plugin, profiles
-from tests import crashing
+from tests import autotuning, crashing
 
 pytest_plugins = ("pytester",)
 
@@ -69,6 +69,8 @@ BAD_OPTIONS = {
     "empty-examples-dir": ("--fa2-examples-dir=", "--fa2-examples-dir=: names no directory"),
     "zero-call-timeout": ("--fa2-kernel=reference --fa2-call-timeout=0", "--fa2-call-timeout=0: '0' is not a number"),
     "zero-time-budget": ("--fa2-kernel=reference --fa2-time-budget=0", "--fa2-time-budget=0: "),
+    "zero-shape-classes": ("--fa2-kernel=reference --fa2-shape-classes=0", "--fa2-shape-classes=0: is not a whole"),
+    "shape-classes-without-kernel": ("--fa2-shape-classes=2", "--fa2-shape-classes needs --fa2-kernel=NAME|module:attr"),
     "empty-failures": ("--fa2-kernel=reference --fa2-failures=", "--fa2-failures=: names no file"),
     "time-budget-without-kernel": ("--fa2-time-budget=60", "--fa2-time-budget needs --fa2-kernel=NAME|module:attr"),
     "device-without-kernel": ("--fa2-device=cpu", "--fa2-device needs --fa2-kernel=NAME|module:attr"),
@@ -620,3 +622,26 @@ def test_a_durations_file_orders_a_first_run_and_a_bad_one_is_a_usage_error(pyte
         result = pytester.runpytest_subprocess("--pyargs", "fa2_verify.properties", *bad)
         assert result.ret == pytest.ExitCode.USAGE_ERROR
         assert "--fa2-durations" in result.stderr.str() and "Traceback" not in result.stderr.str()
+
+
+@pytest.mark.slow
+def test_shape_classes_bound_what_a_per_shape_kernel_compiles_and_a_budget_keeps_the_failure(run, pytester, monkeypatch):
+    """tests/autotuning.py sleeps on each new shape class and scales ``out``: with ``--fa2-shape-classes=2``
+    each property test compiles at most 2 classes yet runs more examples; under a budget of 2 s the lse test
+    stops at its share of 1 s and the out failure is logged, found and minimal (shrinking, within its 2 classes,
+    is not cut short)."""
+    compiled, failures = pytester.path / "compiled.jsonl", pytester.path / "failures.jsonl"
+    monkeypatch.setenv(autotuning.LOG_ENV, str(compiled))
+    result = run("--pyargs", "fa2_verify.properties", "-k", "test_out_within_error_model or test_lse_within_error_model",
+                 "--fa2-kernel=tests.autotuning:AUTOTUNES_OUT_OFF", "--fa2-profile=ci", "--fa2-dtypes=float32",
+                 "--fa2-shape-classes=2", "--fa2-time-budget=2", f"--fa2-failures={failures}")  # fmt: skip
+    result.assert_outcomes(passed=1, failed=1)
+    assert len(compiled.read_text().splitlines()) <= 2 * 2
+    counts = {line.split(":")[0]: line for line in result.stdout.lines if line.startswith("examples of ")}
+    lse = counts["examples of test_lse_within_error_model"]
+    assert lse.endswith("stopped at its time share of 1 s: float32") and int(lse.split(": ")[1].split(" ")[0]) > 2, lse
+    assert float(lse.split(" in ")[1].split(" s")[0]) < 1 + 2 * autotuning.TUNE_SECONDS, lse
+    logged = [json.loads(line) for line in failures.read_text().splitlines()]
+    assert {(record["test"], record["stage"]) for record in logged} == {
+        ("test_out_within_error_model[float32]", "found"), ("test_out_within_error_model[float32]", "last")
+    }

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.properties import inputs, masks, shapes
 from fa2_verify.properties.profiles import Limits
+from fa2_verify.properties.shape_classes import ShapeClasses
 from fa2_verify.properties.validation import check_bool
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
@@ -85,6 +86,7 @@ def case_specs(
     min_group: int = 1,
     generators: Iterable[str] | None = None,
     dtypes: Iterable[str] | None = None,
+    shape_classes: ShapeClasses | None = None,
 ) -> st.SearchStrategy[CaseSpec]:
     """Cases the kernel supports on ``device``.
 
@@ -95,7 +97,9 @@ def case_specs(
     only, ``gqa=False`` MHA only;
     ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
     the metamorphic relations that need them; ``generators`` and ``dtypes``
-    restrict the value generators and dtypes drawn.
+    restrict the value generators and dtypes drawn; ``shape_classes``, if
+    given, moves a case of a new shape class into one drawn before once the
+    test has drawn its limit (:mod:`properties.shape_classes`).
     """
     for name, flag in (("backward", backward), ("masked", masked), ("gqa", gqa)):
         check_bool(name, flag)
@@ -149,7 +153,10 @@ def case_specs(
             backward=backward,
             deterministic=draw(modes) if deterministic is None else deterministic,
         )
-        spec = fit_budget(spec, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
+        fit = dict(min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
+        spec = fit_budget(spec, limits, **fit)
+        if shape_classes is not None:
+            spec = fit_budget(shape_classes.admit(spec, draw), limits, **fit)
         return spec.aligned(capabilities.causal_alignment)
 
     return build()

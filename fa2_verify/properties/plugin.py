@@ -49,7 +49,9 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   (:mod:`properties.kernel_errors`); ``--fa2-time-budget`` ends each test
   once its share of the run's time is spent, the summary counts each
   property's examples, and ``--fa2-failures`` gets each failure as it
-  happens (:mod:`properties.pacing`, :mod:`properties.failure_log`).
+  happens (:mod:`properties.pacing`, :mod:`properties.failure_log`);
+  ``--fa2-shape-classes N`` bounds the shape classes each test draws, for a
+  kernel that compiles per shape (:mod:`properties.shape_classes`).
 
 Importing this module is cheap: it is loaded into every pytest run, so torch,
 Hypothesis and the kernels are imported only when a property test needs them.
@@ -165,6 +167,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(SECONDS x workers / tests; fa2_verify.properties.pacing), reporting the examples it ran",
     )
     group.addoption(
+        "--fa2-shape-classes",
+        default=None,
+        metavar="N",
+        help="draw at most N shape classes (dtype, head dim, mask kind, sequence lengths rounded up to a power "
+        "of two) per property test and process, for kernels that compile per shape "
+        "(fa2_verify.properties.shape_classes)",
+    )
+    group.addoption(
         "--fa2-failures",
         default=None,
         metavar="FILE",
@@ -237,6 +247,7 @@ def pytest_configure(config: pytest.Config) -> None:
     call_timeout = _seconds_option("--fa2-call-timeout", config.getoption("fa2_call_timeout"))
     time_budget = _seconds_option("--fa2-time-budget", config.getoption("fa2_time_budget"))
     failures = config.getoption("fa2_failures")
+    shape_classes = _count_option("--fa2-shape-classes", config.getoption("fa2_shape_classes"))
     shard = _shard_option(config.getoption("fa2_shard"))
     if kernel_name is None:
         alone = next(
@@ -246,6 +257,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                       ("--fa2-max-golden-seconds", max_golden_seconds),
                                       ("--fa2-call-timeout", call_timeout),
                                       ("--fa2-time-budget", time_budget), ("--fa2-failures", failures),
+                                      ("--fa2-shape-classes", shape_classes),
                                       ("--fa2-shard", shard))
              if value is not None),
             None,
@@ -271,6 +283,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "database_dir": database_dir,
         "max_golden_seconds": max_golden_seconds,
         "time_budget": time_budget,
+        "shape_classes": shape_classes,
         "failures": _failures_option(failures, database_dir) if kernel_name is not None else None,
     }
     config.stash[_inflight_key] = _inflight(config)
@@ -301,6 +314,15 @@ def _seconds_option(flag: str, text: str | None) -> float | None:
         return positive_seconds(text)
     except ArgumentTypeError as exc:
         raise _usage(flag, text, str(exc)) from None
+
+
+def _count_option(flag: str, text: str | None) -> int | None:
+    """``--fa2-shape-classes``: a whole number >= 1 (``None`` without the option)."""
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise _usage(flag, text, "is not a whole number >= 1")
+    return int(text)
 
 
 def _failures_option(option: str | None, examples_dir: pathlib.Path) -> pathlib.Path | None:
@@ -462,6 +484,7 @@ def fa2_suite(request: pytest.FixtureRequest):
     from fa2_verify.properties.failure_log import FailureLog
     from fa2_verify.properties.kernel_errors import SHARED_FILE, KernelErrors
     from fa2_verify.properties.session import Suite
+    from fa2_verify.properties.shape_classes import ShapeClasses
     from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.verify.registry import load_kernel
 
@@ -480,6 +503,7 @@ def fa2_suite(request: pytest.FixtureRequest):
         max_golden_seconds=options["max_golden_seconds"],
         kernel_errors=KernelErrors(inflight_of(request.config).directory / SHARED_FILE),
         failure_log=FailureLog(options["failures"], kernel.name, options["device"]) if options["failures"] else None,
+        shape_classes=ShapeClasses(options["shape_classes"]) if options["shape_classes"] else None,
     )
 
 

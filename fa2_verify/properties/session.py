@@ -29,6 +29,7 @@ from fa2_verify.properties.inflight import InFlight
 from fa2_verify.properties.kernel_errors import KernelErrors
 from fa2_verify.properties.pacing import Pacing
 from fa2_verify.properties.profiles import Profile
+from fa2_verify.properties.shape_classes import ShapeClasses
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties.varlen import varlen_specs
 from fa2_verify.core.case import CaseSpec
@@ -67,7 +68,9 @@ class Suite:
     ``kernel_errors``, if given, reports each distinct kernel error once in
     the run and steers the other tests away from its shape class
     (:mod:`properties.kernel_errors`; without it each test reports what it
-    meets); ``failure_log``, if given, gets each failure as it happens.
+    meets); ``failure_log``, if given, gets each failure as it happens;
+    ``shape_classes``, if given, bounds the shape classes each test draws
+    (:mod:`properties.shape_classes`).
     """
 
     kernel: LoadedKernel
@@ -79,6 +82,7 @@ class Suite:
     max_golden_seconds: float | None = None
     kernel_errors: KernelErrors | None = None
     failure_log: FailureLog | None = None
+    shape_classes: ShapeClasses | None = None
     pacing: Pacing = dataclasses.field(default_factory=Pacing)
     test: str = ""
     dtype: str | None = None
@@ -105,7 +109,8 @@ class Suite:
     def cases(self, **options: Any) -> st.SearchStrategy[CaseSpec]:
         """:func:`properties.cases.case_specs` for this kernel, device and profile."""
         return case_specs(
-            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self._drawn(), **options
+            capabilities=self.kernel.capabilities, device=self.device, limits=self.limits, dtypes=self._drawn(),
+            shape_classes=self.shape_classes, **options
         )
 
     def varlen_cases(self, **options: Any) -> st.SearchStrategy[VarlenSpec]:
@@ -173,6 +178,8 @@ class Suite:
         self.pacing = Pacing(test, share, self.failure_log)
         if self.kernel_errors is not None:
             self.kernel_errors.start(test)
+        if self.shape_classes is not None:
+            self.shape_classes.start(test)
 
     def example_starts(self) -> None:
         """An example starts (:meth:`properties.pacing.Pacing.begin`)."""

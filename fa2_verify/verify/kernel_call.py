@@ -51,6 +51,9 @@ _INTEGER_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 #: What a :class:`KernelFailure`'s message says between ``<kernel>.<entry>`` and the exception the entry point raised.
 RAISED = " raised "
 
+#: What a :class:`DeviceFault`'s message says between ``<kernel>.<entry>`` and the device's error.
+FAULTED = " faulted the device: "
+
 
 class KernelFailure(Exception):
     """The kernel raised or broke the contract; the message says how."""
@@ -124,7 +127,7 @@ def call_entry(
                                           passthrough=(UnsupportedCase,))
         except UserCodeRaised as raised:
             if device_fault.is_device_fault(raised.raised):
-                fault = f"{kernel.name}.{entry} faulted the device: {str(raised).splitlines()[0]}"
+                fault = f"{kernel.name}.{entry}{FAULTED}{str(raised).splitlines()[0]}"
                 device_fault.record(fault)
                 raise DeviceFault(fault) from raised.raised
             raise KernelFailure(f"{kernel.name}.{entry}{RAISED}{raised}") from raised.raised

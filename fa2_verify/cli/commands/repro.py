@@ -19,7 +19,10 @@ from fa2_verify.core.user_json import parse_json
 from fa2_verify.core.varlen import spec_from_dict
 from fa2_verify.verify.check import check_spec
 from fa2_verify.verify.memory import require_fits
-from fa2_verify.cli.commands.run import add_target_arguments, failure_descriptions, format_table, resolve_target
+from fa2_verify.cli.commands.run import (
+    add_sanitize_argument, add_target_arguments, failure_descriptions, format_table, resolve_target,
+)
+from fa2_verify.verify.sanitizer import sanitized
 from fa2_verify.core.errors import UnsupportedCase, UsageError
 from fa2_verify.verify.results import CaseResult
 
@@ -28,6 +31,7 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser("repro", help="run one case (a JSON case spec) and show its comparison")
     add_target_arguments(parser)
     parser.add_argument("--case", required=True, metavar="JSON", help="case spec, as printed by a failure")
+    add_sanitize_argument(parser)
     parser.set_defaults(handler=handle)
 
 
@@ -67,6 +71,8 @@ def handle(args) -> int:
     spec = parse_case(args.case)
     require_fits(spec, args.device, max_golden_seconds=args.max_golden_seconds)
     results = check_spec(kernel, spec, args.device)
+    if args.sanitize:
+        results = sanitized(results, args.kernel, args.device, spec.to_dict(), timeout=args.call_timeout)
     unsupported = next((result for result in results if result.status == "unsupported"), None)
     if unsupported is not None:
         raise UnsupportedCase(

@@ -37,6 +37,7 @@ its estimated golden and comparison time exceeds ``--max-golden-seconds``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import pathlib
 import sys
 
@@ -48,6 +49,7 @@ from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_pairs, fitting
 from fa2_verify.verify.golden_time import DEFAULT_MAX_SECONDS, positive_seconds
 from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
+from fa2_verify.verify.sanitizer import sanitized
 from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
 from fa2_verify.verify.metrics import describe_failure
@@ -87,7 +89,16 @@ def add_parser(subparsers) -> None:
         "--bounds-check", action="store_true",
         help="with TRITON_INTERPRET=1: a Triton kernel that touches memory outside its tensor arguments fails the case",
     )
+    add_sanitize_argument(parser)
     parser.set_defaults(handler=handle)
+
+
+def add_sanitize_argument(parser) -> None:
+    """``--sanitize`` (``run``, ``repro``): :mod:`verify.sanitizer`."""
+    parser.add_argument(
+        "--sanitize", action="store_true",
+        help="run a case that faults the device again under compute-sanitizer memcheck and name its first error",
+    )
 
 
 _TIMING_COLUMNS = (("case", "<34"), ("kernel s", ">9"), ("golden s", ">9"), ("compare s", ">9"), ("total s", ">9"))
@@ -243,6 +254,8 @@ def handle(args) -> int:
     with bounds_checked() if args.bounds_check else contextlib.nullcontext():
         run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec),
                         max_golden_seconds=args.max_golden_seconds)
+    if args.sanitize:
+        run = dataclasses.replace(run, cases=sanitized(run.cases, args.kernel, args.device, timeout=args.call_timeout))
     print(format_table(run.cases))
     changes = [f"  {case_label(fitted)}: {fitting(original, fitted)}" for original, fitted in pairs if original != fitted]
     if changes:
