@@ -106,16 +106,20 @@ def blocks(problem: HeadMajorInputs) -> list[_Block]:
     return result
 
 
+def pairs_per_chunk(seqlen_q: int, seqlen_k: int, head_dim: int, device: torch.device | str) -> int:
+    """Pairs whose ``seqlen_q x max(seqlen_k, head_dim)`` elements fit ``BLOCK_ELEMENTS`` of ``device``, at least 1."""
+    per_pair = max(1, seqlen_q * max(seqlen_k, head_dim, 1))
+    return max(1, BLOCK_ELEMENTS[torch.device(device).type] // per_pair)
+
+
 def pair_chunks(problem: HeadMajorInputs) -> list[tuple[slice, slice]]:
     """``(batches, kv heads)`` slices of the (batch, kv head) pairs evaluated at once, in increasing order.
 
-    A chunk holds as many pairs as keep ``pairs x seqlen_q x max(seqlen_k, head_dim)`` within
-    ``BLOCK_ELEMENTS`` (the (rows x head_dim) tensors outgrow the score ones when keys are fewer than
-    head_dim): whole batches of all kv heads when that is at least ``heads_kv`` pairs, else kv heads of one
+    A chunk holds :func:`pairs_per_chunk` pairs at most (the (rows x head_dim) tensors outgrow the score ones
+    when keys are fewer than head_dim): whole batches of all kv heads when that is at least ``heads_kv`` pairs, else kv heads of one
     batch; one pair when one head's rows already fill the budget (:func:`blocks` then splits its rows).
     """
-    per_pair = max(1, problem.seqlen_q * max(problem.seqlen_k, problem.head_dim, 1))
-    pairs = max(1, BLOCK_ELEMENTS[problem.device.type] // per_pair)
+    pairs = pairs_per_chunk(problem.seqlen_q, problem.seqlen_k, problem.head_dim, problem.device)
     if pairs >= problem.heads_kv:
         step = pairs // problem.heads_kv
         return [(slice(b, min(b + step, problem.batch)), slice(0, problem.heads_kv))
