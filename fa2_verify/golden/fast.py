@@ -3,7 +3,8 @@
 The formulas are those of :mod:`golden.mp` (Dao 2023, "FlashAttention-2",
 Algorithm 1 forward and Algorithm 2 backward), evaluated per head and per
 block of query rows so that each step's error is the float64 rounding of a
-well-conditioned quantity.  One implementation serves both devices: the
+well-conditioned quantity; short sequences take a chunk of (batch, kv head)
+pairs at once (:func:`pair_chunks`), each pair's arithmetic unchanged.  One implementation serves both devices: the
 tensors of :class:`golden.inputs.HeadMajorInputs` live on CUDA when the kernel's
 inputs do (cuBLAS float64 products), else on the CPU.  A block of query rows
 only computes the keys its rows see (a causal or sliding-window mask skips
