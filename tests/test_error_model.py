@@ -376,3 +376,30 @@ def test_out_splits_are_read_from_the_kernel_config():
     declared = {PartialSums.CONFIG_KEY: {"cuda": {"out_splits": [[0, 1], [64, 4]]}}}
     assert PartialSums.of(declared, "cuda", 10) == PartialSums(out_splits=1)
     assert PartialSums.of(declared, "cuda", 100) == PartialSums(out_splits=4)
+
+
+@pytest.mark.parametrize(
+    "spec, partials",
+    [
+        # GQA 2:1, causal with a window: several (batch, kv head) pairs per chunk, masked rows
+        (CaseSpec(batch=3, seqlen_q=7, seqlen_k=11, heads_q=4, heads_kv=2, head_dim=16, dtype="bfloat16",
+                  causal=True, window_size=(4, 0), seed=8), PartialSums(dq_keys=4, out_splits=3)),
+        # many short pairs, the shape of flash-attn's batch-8300 seqlen-1 overflow (PR #2260), scaled down
+        (CaseSpec(batch=40, seqlen_q=1, seqlen_k=3, heads_q=6, heads_kv=6, head_dim=32, dtype="float16",
+                  generator="boundary-keys", seed=9), PartialSums()),
+    ],
+)
+def test_bounds_of_a_chunk_of_pairs_equal_those_of_one_pair_at_a_time(monkeypatch, spec, partials):
+    """The chunked evaluation over (batch, kv head) pairs gives bitwise the bounds of one pair per chunk."""
+    from fa2_verify.verify import error_model
+
+    case = make_case(spec)
+    result = _golden(case)
+    assert error_model.pairs_per_chunk(spec.batch * spec.heads_kv, 2, spec.seqlen_q, spec.seqlen_k, 32,
+                                       error_model.work_elements("cpu")) > 1
+    chunked = first_order_bounds(case, result, partials)
+    monkeypatch.setattr(error_model, "pairs_per_chunk", lambda *args, **kwargs: 1)
+    single = first_order_bounds(case, result, partials)
+    assert chunked.keys() == single.keys() == {"out", "lse", "dq", "dk", "dv"}
+    for name, bound in single.items():
+        assert torch.equal(chunked[name], bound), name

@@ -418,3 +418,32 @@ def test_fast_on_cuda_agrees_with_the_cpu_path_across_row_blocks(monkeypatch, ma
     on_cpu = golden.compute(q, k, v, dout, softmax_scale=0.2, **mask, options=FAST)
     on_cuda = golden.compute(*(t.cuda() for t in (q, k, v, dout)), softmax_scale=0.2, **mask, options=FAST)
     _assert_close_to_mpmath(on_cpu, _on_host(on_cuda), 2.0**-45)
+
+
+def test_dd_matmul_of_a_batch_slices_each_matrix_as_it_would_alone():
+    """A batch mixing a coarse ``b`` (one slice), a fine one (two slices) and a row past the sigma range
+    gives bitwise each matrix's own 2-D product, not the path of the batch's worst matrix."""
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((3, 4, 40))
+    a[2, 0] *= 2.0**-960
+    b = rng.standard_normal((3, 40, 5))
+    b[0] = b[0].astype(np.float16).astype(np.float64)
+    hi, lo = eft.dd_matmul(torch.from_numpy(a), torch.from_numpy(b))
+    for index in range(3):
+        alone_hi, alone_lo = eft.dd_matmul(torch.from_numpy(a[index]), torch.from_numpy(b[index]))
+        assert torch.equal(hi[index], alone_hi) and torch.equal(lo[index], alone_lo)
+
+
+@pytest.mark.parametrize("block_elements", [32, 4 * 32, 40 * 32])
+def test_fast_golden_in_chunks_of_pairs_equals_one_pair_at_a_time(monkeypatch, block_elements):
+    """(batch, kv head) pairs evaluated together (whole batches, or kv heads of one batch) give bitwise
+    the golden of one pair per chunk; 32 elements hold one pair of 1 query x 32 head_dim."""
+    q, k, v, dout = _case(batch=5, seqlen_q=1, seqlen_k=3, heads_q=12, heads_kv=6, head_dim=32, seed=4)
+    problem = inputs.prepare(q, k, v, dout, softmax_scale=0.3, causal=False, window_size=(-1, -1))
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 32)
+    assert len(fast.pair_chunks(problem)) == 30
+    single = fast.attention(problem)
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", block_elements)
+    chunked = fast.attention(problem)
+    for name in OUTPUTS + ("pivot", "offset"):
+        assert torch.equal(getattr(chunked, name), getattr(single, name)), name

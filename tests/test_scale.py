@@ -65,6 +65,9 @@ def test_gpu_scale_set_reaches_the_production_paths_and_fits_an_h100():
     over = [s for s in cases if _elements(s) > 2**31]
     assert over and any((s.batch - 1) * _elements(s) // s.batch >= 2**31 for s in over)
     assert any(math.ceil(s.seqlen_q / 128) >= 65536 for s in cases)
+    # flash-attn PR #2260: a dQ accumulator padded to 128 rows per (batch, head) passes 2^31 with tiny sequences
+    assert any(s.batch * s.heads_q * 128 * s.head_dim > 2**31 and max(s.seqlen_q, s.seqlen_k) <= 3 and s.backward
+               for s in cases)
 
 
 def test_cpu_scale_set_keeps_long_keys_and_head_dim_256():

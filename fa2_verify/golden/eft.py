@@ -55,7 +55,10 @@ def two_prod(a: torch.Tensor, b) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``a @ b`` as an unevaluated pair ``hi + lo`` for 2-D float64 ``a`` (m, k), ``b`` (k, n), one device.
+    """``a @ b`` as an unevaluated pair ``hi + lo`` for float64 ``a`` (..., m, k), ``b`` (..., k, n), one device.
+
+    Leading dimensions are a batch of independent products (broadcast as in ``torch.matmul``); each
+    matrix of the batch takes the path below that it would take alone.
 
     With ``budget = 53 - ceil(log2 k)`` bits for the exact product of two
     slices: when every column of ``b`` is exactly a ``budget - MIN_SLICE_BITS``
@@ -77,18 +80,38 @@ def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     double-double accuracy relative to the leading magnitudes and never worse
     than float64 relative to the magnitude of the terms of each entry.
     """
-    m, k = a.shape
-    n = b.shape[1]
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
     if m == 0 or n == 0 or k == 0:
-        return a.new_zeros((m, n)), a.new_zeros((m, n))
+        shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
+        return a.new_zeros(shape), a.new_zeros(shape)
     budget = 53 - math.ceil(math.log2(k))
-    if torch.equal(leading_slice(b, 0, budget - MIN_SLICE_BITS), b):
-        a0 = leading_slice(a, 1, MIN_SLICE_BITS)
-        hi = matmul(a0, b)
-        a0.neg_().add_(a)
-        return hi, matmul(a0, b)
-    a0 = leading_slice(a, 1, budget // 2)
-    b0 = leading_slice(b, 0, budget // 2)
+    exact = _per_matrix(leading_slice(b, -2, budget - MIN_SLICE_BITS) == b)
+    if bool(exact.all()):
+        return _one_slice(a, b)
+    if not bool(exact.any()):
+        return _two_slices(a, b, budget)
+    (hi1, lo1), (hi2, lo2) = _one_slice(a, b), _two_slices(a, b, budget)
+    return torch.where(exact, hi1, hi2), torch.where(exact, lo1, lo2)
+
+
+def _per_matrix(condition: torch.Tensor) -> torch.Tensor:
+    """``condition`` (..., r, c) holds for the whole matrix, as (..., 1, 1)."""
+    return condition.flatten(-2).all(-1)[..., None, None]
+
+
+def _one_slice(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dd_matmul` when ``b`` is one exact slice: ``hi = a0 @ b``, ``lo = ra @ b``."""
+    a0 = leading_slice(a, -1, MIN_SLICE_BITS)
+    hi = matmul(a0, b)
+    a0.neg_().add_(a)
+    return hi, matmul(a0, b)
+
+
+def _two_slices(a: torch.Tensor, b: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dd_matmul` splitting both: ``hi = a0 @ b0``, ``lo = a0 @ rb + ra @ b``."""
+    a0 = leading_slice(a, -1, budget // 2)
+    b0 = leading_slice(b, -2, budget // 2)
     lo = matmul(a0, b - b0)
     hi = matmul(a0, b0)
     a0.neg_().add_(a)
@@ -121,17 +144,23 @@ def leading_slice(x: torch.Tensor, axis: int, beta: int) -> torch.Tensor:
     ``sigma = 0.75 * 2**(e - beta + 53)`` is that rounding, exactly; entries
     are integers of magnitude at most ``2**beta`` in the unit ``2**(e - beta)``,
     and ``x - slice`` is exact.  Rows too far out of float64's exponent range
-    for ``sigma`` scale by powers of two and ``trunc`` (integers below ``2**beta``).
+    for ``sigma`` scale by powers of two and ``trunc`` (integers below ``2**beta``); the choice is made per
+    matrix of the leading (batch) dimensions, so a batch slices each matrix as it would be sliced alone.
     """
     peak = x.abs().amax(dim=axis, keepdim=True)
     exponent = torch.frexp(peak).exponent.to(torch.int64)
-    if bool(((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)).all()):
+    in_range = _per_matrix((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT))
+    if bool(in_range.all()):
         sigma = torch.ldexp(torch.full_like(peak, 0.75), exponent - beta + 53)
         piece = x + sigma
         piece -= sigma
         return piece
     shift = beta - exponent
-    return _ldexp(torch.trunc(_ldexp(x, shift)), -shift)
+    truncated = _ldexp(torch.trunc(_ldexp(x, shift)), -shift)
+    if not bool(in_range.any()):
+        return truncated
+    sigma = torch.ldexp(torch.full_like(peak, 0.75), (exponent - beta + 53).clamp(_MIN_EXPONENT, _MAX_EXPONENT))
+    return torch.where(in_range, (x + sigma) - sigma, truncated)
 
 
 def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:

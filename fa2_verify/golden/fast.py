@@ -3,7 +3,8 @@
 The formulas are those of :mod:`golden.mp` (Dao 2023, "FlashAttention-2",
 Algorithm 1 forward and Algorithm 2 backward), evaluated per head and per
 block of query rows so that each step's error is the float64 rounding of a
-well-conditioned quantity.  One implementation serves both devices: the
+well-conditioned quantity; short sequences take a chunk of (batch, kv head)
+pairs at once (:func:`pair_chunks`), each pair's arithmetic unchanged.  One implementation serves both devices: the
 tensors of :class:`golden.inputs.HeadMajorInputs` live on CUDA when the kernel's
 inputs do (cuBLAS float64 products), else on the CPU.  A block of query rows
 only computes the keys its rows see (a causal or sliding-window mask skips
@@ -106,8 +107,35 @@ def blocks(problem: HeadMajorInputs) -> list[_Block]:
     return result
 
 
+def pairs_per_chunk(seqlen_q: int, seqlen_k: int, head_dim: int, device: torch.device | str) -> int:
+    """Pairs whose ``seqlen_q x max(seqlen_k, head_dim)`` elements fit ``BLOCK_ELEMENTS`` of ``device``, at least 1."""
+    per_pair = max(1, seqlen_q * max(seqlen_k, head_dim, 1))
+    return max(1, BLOCK_ELEMENTS[torch.device(device).type] // per_pair)
+
+
+def pair_chunks(problem: HeadMajorInputs) -> list[tuple[slice, slice]]:
+    """``(batches, kv heads)`` slices of the (batch, kv head) pairs evaluated at once, in increasing order.
+
+    A chunk holds :func:`pairs_per_chunk` pairs at most (the (rows x head_dim) tensors outgrow the score ones
+    when keys are fewer than head_dim): whole batches of all kv heads when that is at least ``heads_kv`` pairs, else kv heads of one
+    batch; one pair when one head's rows already fill the budget (:func:`blocks` then splits its rows).
+    """
+    pairs = pairs_per_chunk(problem.seqlen_q, problem.seqlen_k, problem.head_dim, problem.device)
+    if pairs >= problem.heads_kv:
+        step = pairs // problem.heads_kv
+        return [(slice(b, min(b + step, problem.batch)), slice(0, problem.heads_kv))
+                for b in range(0, problem.batch, step)]
+    return [(slice(b, b + 1), slice(g, min(g + pairs, problem.heads_kv)))
+            for b in range(problem.batch) for g in range(0, problem.heads_kv, pairs)]
+
+
 def attention(problem: HeadMajorInputs) -> FastResult:
-    """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows."""
+    """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows.
+
+    The (batch, kv head) pairs of a chunk (:func:`pair_chunks`) are evaluated at once, every tensor of a
+    block gaining two leading dimensions (batches, kv heads); within a pair the query heads of its group
+    and their row blocks run in increasing order, as the double-double sums of dK and dV expect.
+    """
     backward = problem.dout is not None
     rows = problem.q.shape[:3]
     device = problem.device
@@ -119,28 +147,29 @@ def attention(problem: HeadMajorInputs) -> FastResult:
         dq, delta, offset = torch.zeros_like(out), torch.zeros_like(lse_lo), torch.zeros_like(lse_lo)
         dk, dv = torch.zeros_like(problem.k), torch.zeros_like(problem.v)
     plan = blocks(problem)
-    for b in range(problem.batch):
-        for g in range(problem.heads_kv):
-            k, v = problem.k[b, g], problem.v[b, g]
-            dk_sum, dv_sum = _zeros_dd(k), _zeros_dd(v)
-            for h in range(g * problem.group, (g + 1) * problem.group):
-                for block in plan:
-                    rows_, keys = block.rows, block.keys
-                    mask = None if block.full else problem.visible(rows_, keys)
-                    head = _forward(problem.q[b, h, rows_], k[keys], v[keys], mask, problem.scale)
-                    out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
-                    lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
-                    if not backward:
-                        continue
-                    grads = _backward(
-                        problem.dout[b, h, rows_], problem.q[b, h, rows_], k[keys], v[keys], head, problem.scale
-                    )
-                    dq[b, h, rows_], delta[b, h, rows_], offset[b, h, rows_] = grads.dq, grads.delta, grads.offset
-                    _accumulate(dk_sum, grads.dk_sum, keys)
-                    _accumulate(dv_sum, grads.dv, keys)
-            if backward:
-                dk[b, g] = _times(dk_sum, problem.scale)
-                dv[b, g] = dv_sum[0] + dv_sum[1]
+    group = problem.group
+    for b, g in pair_chunks(problem):
+        k, v = problem.k[b, g], problem.v[b, g]
+        dk_sum, dv_sum = _zeros_dd(k), _zeros_dd(v)
+        for member in range(group):
+            # query head g * group + member of each kv head g of the chunk
+            h = slice(g.start * group + member, g.stop * group, group)
+            for block in plan:
+                rows_, keys = block.rows, block.keys
+                mask = None if block.full else problem.visible(rows_, keys)
+                q = problem.q[b, h, rows_]
+                head = _forward(q, k[..., keys, :], v[..., keys, :], mask, problem.scale)
+                out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
+                lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
+                if not backward:
+                    continue
+                grads = _backward(problem.dout[b, h, rows_], q, k[..., keys, :], v[..., keys, :], head, problem.scale)
+                dq[b, h, rows_], delta[b, h, rows_], offset[b, h, rows_] = grads.dq, grads.delta, grads.offset
+                _accumulate(dk_sum, grads.dk_sum, keys)
+                _accumulate(dv_sum, grads.dv, keys)
+        if backward:
+            dk[b, g] = _times(dk_sum, problem.scale)
+            dv[b, g] = dv_sum[0] + dv_sum[1]
     lse = lse_hi + lse_lo
     if not backward:
         return FastResult(out, lse, None, None, None, None, (lse_hi, lse_lo), pivot, None)
@@ -167,29 +196,30 @@ class _Backward:
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> _Forward:
-    """Steps 1-3 for one block: ``q`` (rows, head_dim), ``k``/``v`` (keys, head_dim), ``mask`` None when full."""
+    """Steps 1-3 for one block: ``q`` (..., rows, head_dim), ``k``/``v`` (..., keys, head_dim) with the same
+    leading (pair) dimensions, ``mask`` (rows, keys) shared by every pair, None when full."""
     magnitude = abs(scale)
-    s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).T))
+    s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).mT))
     if mask is None:
-        empty = torch.zeros(len(q), dtype=torch.bool, device=q.device)
+        empty = torch.zeros(q.shape[-2], dtype=torch.bool, device=q.device)
         masked = s_hi
     else:
-        empty = ~mask.any(dim=1)
+        empty = ~mask.any(dim=-1)
         masked = s_hi.masked_fill(~mask, -torch.inf)
-    pivot = torch.argmax(masked, dim=1)
-    at = pivot[:, None]
-    row_max = torch.where(empty, 0.0, masked.gather(1, at).squeeze(1))
+    pivot = torch.argmax(masked, dim=-1)
+    at = pivot[..., None]
+    row_max = torch.where(empty, 0.0, masked.gather(-1, at).squeeze(-1))
     del masked
-    logits = s_hi.sub_(row_max[:, None]).add_(s_lo).mul_(magnitude)
+    logits = s_hi.sub_(row_max[..., None]).add_(s_lo).mul_(magnitude)
     del s_lo
     if mask is not None:
         logits.masked_fill_(~mask, -torch.inf)
-    at_pivot = torch.where(empty, 0.0, logits.gather(1, at).squeeze(1))
+    at_pivot = torch.where(empty, 0.0, logits.gather(-1, at).squeeze(-1))
     e = logits.exp_()
-    e.scatter_(1, at, 0.0)
-    excess = e.sum(dim=1) + torch.expm1(at_pivot)
-    e.scatter_(1, at, torch.where(empty, 0.0, torch.exp(at_pivot))[:, None])
-    p = e.div_((1.0 + excess)[:, None])
+    e.scatter_(-1, at, 0.0)
+    excess = e.sum(dim=-1) + torch.expm1(at_pivot)
+    e.scatter_(-1, at, torch.where(empty, 0.0, torch.exp(at_pivot))[..., None])
+    p = e.div_((1.0 + excess)[..., None])
     max_hi, max_lo = two_prod(row_max, magnitude)
     lse_hi, sum_lo = two_sum(max_hi, torch.log1p(excess))
     out_hi, out_lo = dd_matmul(p, v)
@@ -207,17 +237,17 @@ def _backward(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head: _Forward, scale: float
 ) -> _Backward:
     """Steps 4-5 for one block; ``dk_sum`` is ``dS^T Q`` before the scale."""
-    dp_hi, dp_lo = dd_matmul(dout, v.T)
-    at = head.pivot[:, None]
-    anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(1, at).squeeze(1))
-    anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(1, at).squeeze(1))
-    shifted = dp_hi.sub_(anchor_hi[:, None]).add_(dp_lo.sub_(anchor_lo[:, None]))
+    dp_hi, dp_lo = dd_matmul(dout, v.mT)
+    at = head.pivot[..., None]
+    anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(-1, at).squeeze(-1))
+    anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(-1, at).squeeze(-1))
+    shifted = dp_hi.sub_(anchor_hi[..., None]).add_(dp_lo.sub_(anchor_lo[..., None]))
     del dp_lo
-    offset = (head.p * shifted).sum(dim=1)
-    ds = shifted.sub_(offset[:, None]).mul_(head.p)
+    offset = (head.p * shifted).sum(dim=-1)
+    ds = shifted.sub_(offset[..., None]).mul_(head.p)
     delta_hi, delta_lo = two_sum(anchor_hi, offset)
     dq = _times(dd_matmul(ds, k), scale)
-    return _Backward(dq, dd_matmul(ds.T, q), dd_matmul(head.p.T, dout), delta_hi + (delta_lo + anchor_lo), offset)
+    return _Backward(dq, dd_matmul(ds.mT, q), dd_matmul(head.p.mT, dout), delta_hi + (delta_lo + anchor_lo), offset)
 
 
 def _zeros_dd(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,10 +255,10 @@ def _zeros_dd(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _accumulate(total: tuple[torch.Tensor, torch.Tensor], term: tuple[torch.Tensor, torch.Tensor], rows: slice) -> None:
-    """Double-double ``total[rows] += term``, in place."""
-    hi, err = two_sum(total[0][rows], term[0])
-    total[0][rows] = hi
-    total[1][rows] += err + term[1]
+    """Double-double ``total[..., rows, :] += term``, in place."""
+    hi, err = two_sum(total[0][..., rows, :], term[0])
+    total[0][..., rows, :] = hi
+    total[1][..., rows, :] += err + term[1]
 
 
 def _times(pair: tuple[torch.Tensor, torch.Tensor], scale: float) -> torch.Tensor:

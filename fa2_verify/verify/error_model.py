@@ -19,7 +19,11 @@ recomputed as ``exp(S - LSE*)`` with the golden LSE.  The evaluation runs on
 the case's device, one block of query rows at a time over only the keys those
 rows see (:func:`row_blocks`) and for all the query heads of one kv head at once,
 so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
-float64 a block at a time.  A correct kernel keeps
+float64 a block at a time.  When one (batch, kv head) pair is smaller than
+the work budget, a chunk of consecutive pairs (:func:`pairs_per_chunk`) is
+evaluated at once, every per-pair tensor gaining a leading pair dimension, so
+that many short sequences cost a few tensor operations rather than a Python
+loop over pairs.  A correct kernel keeps
 ``|actual - expected| / bound <= THRESHOLDS[output]``.
 """
 
@@ -211,6 +215,18 @@ def work_elements(device: torch.device | str) -> int:
     return WORK_ELEMENTS.get(torch.device(device).type, WORK_ELEMENTS["cuda"])
 
 
+def pairs_per_chunk(pairs: int, group: int, seqlen_q: int, seqlen_k: int, head_dim: int, work: int,
+                    per_pair: bool = False) -> int:
+    """(batch, kv head) pairs evaluated at once: as many as keep ``pairs x group x seqlen_q x max(seqlen_k,
+    head_dim)`` within ``work`` (the (rows x head_dim) tensors outgrow the (rows x keys) ones when keys are
+    fewer than head_dim), at least 1 and at most ``pairs``; 1 when ``per_pair`` (the partial-sum bookkeeping of
+    :class:`_QueryBlockPartials` is per pair).  More than one pair only when one pair's rows form one row block.
+    """
+    if per_pair:
+        return 1
+    return max(1, min(pairs, work // (group * max(seqlen_q, 1) * max(seqlen_k, head_dim, 1))))
+
+
 def row_blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -> list[tuple[slice, slice]]:
     """Blocks of query rows, each with the span of keys its rows see, of at most ``work`` (rows x keys) elements.
 
@@ -303,17 +319,17 @@ class _QueryBlockPartials:
 def _key_block_partials(ds: torch.Tensor, k_rows: torch.Tensor, keys: slice, last: torch.Tensor, block: int):
     """``sum |S|`` over the intermediate roundings of dQ's partial sums ``S = sum_(j < end of key block) dS_ij K_jc`` (eq. 8b).
 
-    ``ds`` signed (G, rows, keys) over the key span ``keys``, ``k_rows`` (keys, d),
+    ``ds`` signed (..., G, rows, keys) over the key span ``keys``, ``k_rows`` (..., keys, d),
     ``last`` the last key each row sees; the kernel rounds after each block of
     ``block`` keys, and the rounding after row ``i``'s last block is (8)'s ``u |dQ_ic|``.
     Before a row's first visible block its partial sum is 0.  Without ``scale``.
     """
     last_block = last.div(block, rounding_mode="floor")[:, None]
-    partial = torch.zeros(*ds.shape[:2], k_rows.shape[-1], dtype=torch.float64, device=ds.device)
+    partial = torch.zeros(*ds.shape[:-1], k_rows.shape[-1], dtype=torch.float64, device=ds.device)
     rounded = torch.zeros_like(partial)
     for start in range(keys.start - keys.start % block, keys.stop, block):
         local = slice(max(start, keys.start) - keys.start, min(start + block, keys.stop) - keys.start)
-        partial += ds[..., local] @ k_rows[local]
+        partial += ds[..., local] @ k_rows[..., local, :]
         rounded += (start // block < last_block) * partial.abs()
     return rounded
 
@@ -409,118 +425,134 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         dv_partial = torch.zeros_like(dv_error)
         dk_partial = torch.zeros_like(dv_error)
 
-    # the query heads of one kv head share its keys: a block holds all of them
-    blocks = row_blocks(first, last, seqlen_k, max(1, work_elements(device) // group))
+    # the query heads of one kv head share its keys: a block holds all of them; with a leading pair dimension C,
+    # a chunk of consecutive (batch, kv head) pairs p = b * heads_kv + g is evaluated at once
+    work = max(1, work_elements(device) // group)
+    blocks = row_blocks(first, last, seqlen_k, work)
+    per_pair = backward and partials.dkv_rows is not None
+    chunk = pairs_per_chunk(batch * heads_kv, group, seqlen_q, seqlen_k, head_dim, work * group, per_pair)
+
+    def by_pair(tensor: torch.Tensor, axis: int) -> torch.Tensor:
+        """``tensor`` with its heads axis ``axis`` split into (kv head, group)."""
+        return tensor.unflatten(axis, (heads_kv, group))
+
+    q_pairs, dout_pairs = by_pair(case.q, 2), by_pair(case.dout, 2) if backward else None
+    out_pairs, bound_out_pairs = by_pair(out, 2), by_pair(bound_out, 2)
+    lse_pairs, bound_lse_pairs = by_pair(lse, 1), by_pair(bound_lse, 1)
+    if backward:
+        dq_pairs, bound_dq_pairs = by_pair(dq_expected, 2), by_pair(bound_dq, 2)
+        delta_pairs = by_pair(delta, 1) if delta is not None else None
     query_partials = None
-    for b in range(batch):
-        for g in range(heads_kv):
-            heads = slice(g * group, (g + 1) * group)
-            if backward and partials.dkv_rows is not None:
-                query_partials = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last)
-            for rows, keys in blocks:
-                key_index = torch.arange(keys.start, keys.stop, device=device)
-                vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
-                seen = vis.to(torch.float64)
-                if b == 0 and g == 0:
-                    n_col[keys] += seen.sum(0)
-                n = n_row[rows]
-                nonempty = n > 0
-                k_rows, v_rows = on_device(case.k[b, keys, g]), on_device(case.v[b, keys, g])
-                k_abs, v_abs = k_rows.abs(), v_rows.abs()
-                # (group, rows, head_dim) and (group, rows) from here on
-                q_rows = on_device(case.q[b, rows, heads]).transpose(0, 1)
-                o_abs = out[b, rows, heads].transpose(0, 1).abs()
-                lse_rows = torch.where(nonempty, lse[b, heads, rows], 0.0)
-                logits = scale * (q_rows @ k_rows.T)
-                logits_abs = logits.abs()
-                magnitude = scale * (q_rows.abs() @ k_abs.T)
-                # M_i, with a zero column so that a row of no visible key has M_i = 0
-                row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(-1, keepdim=True)
-                p = torch.where(vis, torch.exp(logits - lse_rows[..., None]), 0.0)
-                # (1)
-                delta_logit = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f
-                p_delta = p * delta_logit
-                p_delta_sum = p_delta.sum(-1, keepdim=True)
-                pv = p @ v_abs
-                # (2)
-                b_out = (
-                    u * (o_abs + pv)
-                    + gamma(2 * n)[:, None] * (pv + o_abs)
-                    + u_a * o_abs
-                    + p_delta @ v_abs
-                    + p_delta_sum * o_abs
-                    + eta
-                    + (eta + eta_a) * (seen @ v_abs)
-                    + 3 * n[:, None] * eta_a
+    for start in range(0, batch * heads_kv, chunk):
+        pair = torch.arange(start, min(start + chunk, batch * heads_kv), device=device)
+        b, g = pair.div(heads_kv, rounding_mode="floor"), pair % heads_kv
+        if per_pair:
+            query_partials = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last)
+        for rows, keys in blocks:
+            key_index = torch.arange(keys.start, keys.stop, device=device)
+            vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
+            seen = vis.to(torch.float64)
+            if start == 0:
+                n_col[keys] += seen.sum(0)
+            n = n_row[rows]
+            nonempty = n > 0
+            # (C, 1, keys, head_dim)
+            k_rows, v_rows = on_device(case.k[b, keys, g])[:, None], on_device(case.v[b, keys, g])[:, None]
+            k_abs, v_abs = k_rows.abs(), v_rows.abs()
+            # (C, group, rows, head_dim) and (C, group, rows) from here on
+            q_rows = on_device(q_pairs[b, rows, g]).transpose(1, 2)
+            o_abs = out_pairs[b, rows, g].transpose(1, 2).abs()
+            lse_rows = torch.where(nonempty, lse_pairs[b, g][..., rows], 0.0)
+            logits = scale * (q_rows @ k_rows.mT)
+            logits_abs = logits.abs()
+            magnitude = scale * (q_rows.abs() @ k_abs.mT)
+            # M_i, with a zero column so that a row of no visible key has M_i = 0
+            row_max = torch.nn.functional.pad(torch.where(vis, logits_abs, 0.0), (0, 1)).amax(-1, keepdim=True)
+            p = torch.where(vis, torch.exp(logits - lse_rows[..., None]), 0.0)
+            # (1)
+            delta_logit = gamma(head_dim + 2) * magnitude + u_a * (logits_abs + row_max) + u_f
+            p_delta = p * delta_logit
+            p_delta_sum = p_delta.sum(-1, keepdim=True)
+            pv = p @ v_abs
+            # (2)
+            b_out = (
+                u * (o_abs + pv)
+                + gamma(2 * n)[..., None] * (pv + o_abs)
+                + u_a * o_abs
+                + p_delta @ v_abs
+                + p_delta_sum * o_abs
+                + eta
+                + (eta + eta_a) * (seen @ v_abs)
+                + 3 * n[..., None] * eta_a
+            )
+            if partials.out_splits is not None and partials.out_splits > 1:
+                # (2b)
+                weight_error = u_f + u_a * (2 * row_max + 2 * torch.log(n.clamp(min=1))[..., None] + 1)
+                # a row that sees n_i keys fills at most n_i of the declared splits (empty ones weigh 0
+                # exactly), so a declaration beyond the case's keys widens nothing
+                filled = gamma(n.clamp(max=partials.out_splits))[..., None]
+                b_out = b_out + (u + weight_error + 2 * filled + u_a) * pv + eta
+            bound_out_pairs[b, rows, g] = b_out.transpose(1, 2)
+            # (3)
+            b_lse = (
+                p_delta_sum[..., 0]
+                + gamma(2 * n)
+                + u_f * (1 + torch.log(n.clamp(min=1)))
+                + 3 * u_a * (lse_rows.abs() + row_max[..., 0])
+                + u_lse * lse_rows.abs()
+            )
+            bound_lse_pairs[b, g, :, rows] = torch.where(nonempty, b_lse, eta_lse)
+            if not backward:
+                continue
+            dout_rows = on_device(dout_pairs[b, rows, g]).transpose(1, 2)
+            dout_abs = dout_rows.abs()
+            # (4)
+            p_error = delta_logit + b_lse[..., None] + u_a * (logits_abs + lse_rows.abs()[..., None])
+            dp = dout_rows @ v_rows.mT
+            # (5)
+            b_delta = (dout_abs * b_out).sum(-1) + gamma(head_dim) * (dout_abs * o_abs).sum(-1)
+            if delta is None:
+                d_rows = (dout_rows * out_pairs[b, rows, g].transpose(1, 2)).sum(-1)
+            else:
+                d_rows = delta_pairs[b, g][..., rows]
+            dp_minus_d = dp - d_rows[..., None]
+            ds = p * dp_minus_d
+            centered = dp_minus_d.abs()
+            ds_abs = ds.abs()
+            # (6)
+            b_ds = (
+                p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.mT) + b_delta[..., None])
+                + (2 * u + 2 * u_a) * ds_abs
+                + (eta + (eta + eta_a) * centered + eta_a * (2 * head_dim + 2)) * seen
+            )
+            # (8)
+            b_dq = (
+                scale * (b_ds @ k_abs)
+                + gamma(n + 2)[..., None] * scale * (ds_abs @ k_abs)
+                + u * dq_pairs[b, rows, g].transpose(1, 2).abs()
+                + eta
+                + 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
+            )
+            if partials.dq_keys is not None:
+                # (8b)
+                key_blocks = last[rows].div(partials.dq_keys, rounding_mode="floor") - first[rows].div(
+                    partials.dq_keys, rounding_mode="floor"
                 )
-                if partials.out_splits is not None and partials.out_splits > 1:
-                    # (2b)
-                    weight_error = u_f + u_a * (2 * row_max + 2 * torch.log(n.clamp(min=1))[:, None] + 1)
-                    # a row that sees n_i keys fills at most n_i of the declared splits (empty ones weigh 0
-                    # exactly), so a declaration beyond the case's keys widens nothing
-                    filled = gamma(n.clamp(max=partials.out_splits))[:, None]
-                    b_out = b_out + (u + weight_error + 2 * filled + u_a) * pv + eta
-                bound_out[b, rows, heads] = b_out.transpose(0, 1)
-                # (3)
-                b_lse = (
-                    p_delta_sum[..., 0]
-                    + gamma(2 * n)
-                    + u_f * (1 + torch.log(n.clamp(min=1)))
-                    + 3 * u_a * (lse_rows.abs() + row_max[..., 0])
-                    + u_lse * lse_rows.abs()
-                )
-                bound_lse[b, heads, rows] = torch.where(nonempty, b_lse, eta_lse)
-                if not backward:
-                    continue
-                dout_rows = on_device(case.dout[b, rows, heads]).transpose(0, 1)
-                dout_abs = dout_rows.abs()
-                # (4)
-                p_error = delta_logit + b_lse[..., None] + u_a * (logits_abs + lse_rows.abs()[..., None])
-                dp = dout_rows @ v_rows.T
-                # (5)
-                b_delta = (dout_abs * b_out).sum(-1) + gamma(head_dim) * (dout_abs * o_abs).sum(-1)
-                if delta is None:
-                    d_rows = (dout_rows * out[b, rows, heads].transpose(0, 1)).sum(-1)
-                else:
-                    d_rows = delta[b, heads, rows]
-                dp_minus_d = dp - d_rows[..., None]
-                ds = p * dp_minus_d
-                centered = dp_minus_d.abs()
-                ds_abs = ds.abs()
-                # (6)
-                b_ds = (
-                    p * (p_error * centered + gamma(head_dim) * (dout_abs @ v_abs.T) + b_delta[..., None])
-                    + (2 * u + 2 * u_a) * ds_abs
-                    + (eta + (eta + eta_a) * centered + eta_a * (2 * head_dim + 2)) * seen
-                )
-                # (8)
                 b_dq = (
-                    scale * (b_ds @ k_abs)
-                    + gamma(n + 2)[:, None] * scale * (ds_abs @ k_abs)
-                    + u * dq_expected[b, rows, heads].transpose(0, 1).abs()
-                    + eta
-                    + 3 * ((n + 2) * (n > 0))[:, None] * max(1.0, scale) * eta_a
+                    b_dq
+                    + u * scale * _key_block_partials(ds, k_rows, keys, last[rows], partials.dq_keys)
+                    + eta * (key_blocks * nonempty)[..., None]
                 )
-                if partials.dq_keys is not None:
-                    # (8b)
-                    key_blocks = last[rows].div(partials.dq_keys, rounding_mode="floor") - first[rows].div(
-                        partials.dq_keys, rounding_mode="floor"
-                    )
-                    b_dq = (
-                        b_dq
-                        + u * scale * _key_block_partials(ds, k_rows, keys, last[rows], partials.dq_keys)
-                        + eta * (key_blocks * nonempty)[:, None]
-                    )
-                bound_dq[b, rows, heads] = b_dq.transpose(0, 1)
-                q_abs = q_rows.abs()
-                dv_error[b, keys, g] += ((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout_abs).sum(0)
-                dv_mass[b, keys, g] += (p.mT @ dout_abs).sum(0)
-                dk_error[b, keys, g] += (b_ds.mT @ q_abs).sum(0)
-                dk_mass[b, keys, g] += (ds_abs.mT @ q_abs).sum(0)
-                if query_partials is not None:
-                    query_partials.add(rows, keys, p, ds, dout_rows, q_rows)
+            bound_dq_pairs[b, rows, g] = b_dq.transpose(1, 2)
+            q_abs = q_rows.abs()
+            dv_error[b, keys, g] += ((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout_abs).sum(1)
+            dv_mass[b, keys, g] += (p.mT @ dout_abs).sum(1)
+            dk_error[b, keys, g] += (b_ds.mT @ q_abs).sum(1)
+            dk_mass[b, keys, g] += (ds_abs.mT @ q_abs).sum(1)
             if query_partials is not None:
-                dv_partial[b, :, g], dk_partial[b, :, g] = query_partials.finish()
+                query_partials.add(rows, keys, p[0], ds[0], dout_rows[0], q_rows[0])
+        if query_partials is not None:
+            dv_partial[b[0], :, g[0]], dk_partial[b[0], :, g[0]] = query_partials.finish()
 
     bounds = {"out": bound_out, "lse": bound_lse}
     if backward:

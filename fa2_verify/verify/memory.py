@@ -28,13 +28,15 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   must leave unchanged (:mod:`verify.kernel_call`);
 * *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
   two layouts, one row block of about ``BLOCK_ELEMENTS[device]`` scores (at
-  least one row; the mask is kept as key ranges); on the host, the outputs'
+  least one row; the mask is kept as key ranges), or for short sequences one
+  chunk of (batch, kv head) pairs of as many elements (:func:`golden.fast.pairs_per_chunk`); on the host, the outputs'
   copy for the golden cache and, where mpmath may serve the case, its mpf
   weights (``2 P / batch`` of them); the outputs stay on the device;
 * *error model* (device, :mod:`verify.error_model`): float64 copies of the
   inputs, the bounds, the dK/dV accumulators and temporaries, one block of about
   ``WORK_ELEMENTS[device]`` scores (at least one row; the mask is kept as
-  key ranges);
+  key ranges), or one chunk of (batch, kv head) pairs of as many elements
+  (:func:`verify.error_model.pairs_per_chunk`);
 * *naive attention* (device, :mod:`verify.lowprec`, the flash-attn ratio):
   its outputs, K and V of one batch repeated over the query heads, the float32
   dK/dV sums, and one row block of about ``WORK_ELEMENTS[device]`` scores per
@@ -67,10 +69,10 @@ import torch
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import CaseTooLarge
-from fa2_verify.golden.fast import BLOCK_ELEMENTS
+from fa2_verify.golden.fast import BLOCK_ELEMENTS, pairs_per_chunk
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from fa2_verify.verify import golden_time
-from fa2_verify.verify.error_model import work_elements
+from fa2_verify.verify.error_model import pairs_per_chunk as error_model_pairs, work_elements
 from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 
 FLOAT64 = 8
@@ -170,7 +172,12 @@ def estimate(
     workspace = FLOAT32 * (queries + rows) if gradients else 0
     handed = size * queries + 4 * rows if gradients else 0
 
-    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * _block(BLOCK_ELEMENTS[torch.device(device).type], spec)
+    pair_elements = spec.seqlen_q * max(spec.seqlen_k, spec.head_dim)
+    golden_pairs = min(spec.batch * spec.heads_kv, pairs_per_chunk(spec.seqlen_q, spec.seqlen_k, spec.head_dim, device))
+    golden_budget = BLOCK_ELEMENTS[torch.device(device).type]
+    # a chunk of pairs holds at most the budget; a pair larger than it is split into row blocks
+    golden_chunk = max(_block(golden_budget, spec), min(golden_pairs * pair_elements, golden_budget))
+    golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * golden_chunk
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
     # contract <-> head-major layouts (golden.inputs, golden.api): each input is converted on its own (its
     # contract-layout float64 copy is freed once the head-major one exists), and every output is held in
@@ -182,7 +189,11 @@ def estimate(
     if options.method == "mpmath" or (options.method == "auto" and work <= AUTO_FALLBACK_MAX_WORK):
         golden_host += MPF_BYTES * (2 * scores // spec.batch + (golden_inputs + golden_outputs) // FLOAT64)
 
-    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * _block(work_elements(device), spec)
+    group = spec.heads_q // spec.heads_kv
+    error_pairs = error_model_pairs(spec.batch * spec.heads_kv, group, spec.seqlen_q, spec.seqlen_k, spec.head_dim,
+                                    work_elements(device))
+    error_chunk = min(error_pairs * group * pair_elements, work_elements(device))
+    chunk = ERROR_MODEL_CHUNK_COPIES * FLOAT64 * max(_block(work_elements(device), spec), error_chunk)
     key_work = ERROR_MODEL_KEY_COPIES * FLOAT64 * keys if gradients else 0
     # the error model converts its inputs to float64 one block of rows at a time (inside ``chunk``)
     error_model_work = bounds + key_work + chunk

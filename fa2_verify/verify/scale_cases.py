@@ -4,7 +4,8 @@ The bugs that hurt kernels in production live where the fixed set
 (:mod:`verify.fixed_cases`) never goes: 32-bit offsets that wrap past 2^31
 elements, grid limits at 65,536 programs, key indices past 65,536,
 statistics combined over hundreds of key blocks, split-KV paths that only
-engage for long keys, and head_dim > 128 code paths.  :data:`CUDA_CASES`
+engage for long keys, head_dim > 128 code paths, and padded workspaces (a
+dQ accumulator of 128-row tiles) past 2^31 elements for many short sequences.  :data:`CUDA_CASES`
 reaches each of them (the comment of each case says which), sized so that
 the size guard's estimate of its device memory, ``verify.memory.estimate(spec,
 "cuda").device``, stays under :data:`DEVICE_BYTES`, an 80 GB H100.
@@ -68,6 +69,10 @@ CUDA_CASES: tuple[CaseSpec, ...] = (
           backward=False),
     # 8,388,609 queries: 65,537 query blocks of 128 (or more of smaller tiles) along one grid axis; forward only
     _case("grid-65537-blocks-fp16", "float16", 1, 8388609, 64, 1, 1, 32, seed=109, backward=False),
+    # flash-attn's FA2 backward overflowed a 32-bit offset at batch 8,300, seqlen 1, 16 heads, head_dim 128
+    # (issue 29, PR #2260): its dQ accumulator rounds seqlen_q up to 128, so 8300 x 16 x 128 x 128 =
+    # 2,175,795,200 padded elements pass 2^31 while q holds 17 million; 3 keys so that one dominates
+    _case("b8300-s1-h16-fp16", "float16", 8300, 1, 3, 16, 16, 128, seed=110),
 )
 
 CPU_CASES: tuple[CaseSpec, ...] = (
