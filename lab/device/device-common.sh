@@ -1,5 +1,5 @@
 # shellcheck shell=bash disable=SC2034  # plugin is read by the scripts that source this file
-# Sourced by the ci/device-*.sh scripts, from the repository root, on a GPU
+# Sourced by the lab/device/device-*.sh scripts, from the repository root, on a GPU
 # machine with no install step: fa2-verify runs from the source tree (on
 # PYTHONPATH, output unbuffered), with the dependencies the image lacks
 # (lab/device/device-deps.sh); `plugin` holds the pytest arguments that load the
