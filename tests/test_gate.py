@@ -86,6 +86,28 @@ def test_a_lost_lse_fails_and_a_baseline_older_than_the_flag_reads_it_as_declare
     assert gate.compare(older, summarize(*cases())).passed and not gate.compare(older, summarize(*cases())).notes
 
 
+@pytest.mark.parametrize(("change", "where"), [
+    ({"custom_softmax_scale": False}, "capabilities.custom_softmax_scale"),
+    ({"causal_only": True}, "capabilities.causal_only"),
+    ({"causal_alignment": "top_left"}, "capabilities.causal_alignment"),
+])
+def test_a_convention_that_narrows_or_changes_what_is_checked_fails(change, where):
+    changed = dataclasses.replace(CAPABILITIES, **change)
+    result = gate.compare(summarize(*cases()), summarize(*cases(), capabilities=changed))
+    assert where in [f.where for f in result.regressions]
+    older = summarize(*cases())
+    for field in ("custom_softmax_scale", "causal_only", "causal_alignment", "unaligned_inputs"):
+        older.capabilities.pop(field, None)
+    assert gate.compare(older, summarize(*cases())).passed
+
+
+def test_taking_unaligned_inputs_is_a_gain_and_dropping_it_a_loss():
+    unaligned = dataclasses.replace(CAPABILITIES, unaligned_inputs=True)
+    assert gate.compare(summarize(*cases()), summarize(*cases(), capabilities=unaligned)).passed
+    result = gate.compare(summarize(*cases(), capabilities=unaligned), summarize(*cases()))
+    assert [f.where for f in result.regressions] == ["capabilities.unaligned_inputs"]
+
+
 def test_an_already_failing_case_is_not_new():
     failing = cases()
     failing[1] = synthetic_result("b", seed=2, scales={"out": 0.3, "dq": 5.0})

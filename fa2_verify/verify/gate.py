@@ -48,10 +48,16 @@ RELATIVE_MARGIN = 0.25
 #: Default absolute floor per metric, below which a rise is never a regression.
 FLOORS: Mapping[str, float] = {"normalized": 0.01, "ulp": 0.5}
 
-_FLAGS = ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen", "lse")
+_FLAGS = ("causal", "window", "gqa", "backward", "deterministic_backward", "varlen", "lse", "custom_softmax_scale",
+          "unaligned_inputs")
 
-#: A flag's value in a baseline recorded before the flag existed (every kernel then provided an LSE).
-_FLAG_DEFAULTS = {"lse": True}
+#: Flags whose ``true`` declares less: a kernel that becomes causal-only has lost its non-causal path.
+_RESTRICTING_FLAGS = ("causal_only",)
+
+#: A flag's value in a baseline recorded before the flag existed (every kernel then provided an LSE, took a
+#: custom softmax scale and its non-causal path, and was handed aligned inputs); the alignment was bottom-right.
+_FLAG_DEFAULTS = {"lse": True, "custom_softmax_scale": True, "unaligned_inputs": False, "causal_only": False,
+                  "causal_alignment": "bottom_right"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +175,26 @@ def _percent(before: float, after: float) -> str:
 
 def _capabilities(before: dict, after: dict) -> tuple[list[Finding], list[Finding]]:
     lost, gained = [], []
+
+    def declared(record: dict, flag: str):
+        return record.get(flag, _FLAG_DEFAULTS.get(flag))
+
     for flag in _FLAGS:
-        was, now = before.get(flag, _FLAG_DEFAULTS.get(flag)), after.get(flag, _FLAG_DEFAULTS.get(flag))
+        was, now = declared(before, flag), declared(after, flag)
         if was and not now:
             lost.append(Finding("capability-lost", f"capabilities.{flag}", "was declared, is no longer"))
         elif now and not was:
             gained.append(Finding("capability-gained", f"capabilities.{flag}", "newly declared"))
+    for flag in _RESTRICTING_FLAGS:
+        was, now = declared(before, flag), declared(after, flag)
+        if now and not was:
+            lost.append(Finding("capability-lost", f"capabilities.{flag}", "newly declared: a path was dropped"))
+        elif was and not now:
+            gained.append(Finding("capability-gained", f"capabilities.{flag}", "no longer declared"))
+    was, now = declared(before, "causal_alignment"), declared(after, "causal_alignment")
+    if was != now:
+        # the baseline's masked cases were checked against the other mask: its numbers no longer compare
+        lost.append(Finding("capability-lost", "capabilities.causal_alignment", f"was {was}, is {now}"))
     devices = sorted(set(before["dtypes"]) | set(after["dtypes"]))
     for device in devices:
         was, now = set(before["dtypes"].get(device, ())), set(after["dtypes"].get(device, ()))
