@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from fa2_verify import golden as golden_module
-from fa2_verify.verify import continuation, error_model, lowprec, memory, metrics
+from fa2_verify.verify import continuation, error_model, lowprec, memory, metrics, model_kernel, noise_verdicts
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.varlen import Packed, VarlenSpec, pack
@@ -71,6 +71,31 @@ def bounds_for(kernel: LoadedKernel, case: Case, golden: Any) -> dict[str, torch
     return error_model.first_order_bounds(case, golden, partials)
 
 
+def compare_outputs(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor],
+                    golden: Any) -> dict[str, metrics.OutputComparison]:
+    """Each of ``actual`` (the kernel's outputs of ``case``) against ``golden`` under the three verdicts.
+
+    The worst-case verdict (the error model's bounds, :func:`metrics.compare`, with the flash-attn ratio
+    beside it); for a 16-bit case also the statistical and local verdicts against the model kernel with the
+    kernel's declared partial sums (:mod:`verify.noise_verdicts`).  An output passes when every verdict does.
+    """
+    bounds = bounds_for(kernel, case, golden)
+    partials = error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
+    naive = lowprec.naive_attention(case)
+    model = model_kernel.model_attention(case, partials, actual) if noise_verdicts.applies(case.spec) else {}
+    comparisons = {}
+    for name, tensor in actual.items():
+        expected = getattr(golden, name)
+        comparison = metrics.compare(name, tensor, expected, bounds[name], threshold=error_model.THRESHOLDS[name],
+                                     lowprec=naive.get(name))
+        if name in model:
+            statistical, local = noise_verdicts.judge(case.spec, name, tensor, expected, model)
+            comparison = dataclasses.replace(comparison, statistical=statistical, local=local)
+            comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
+        comparisons[name] = comparison
+    return comparisons
+
+
 def _compared(
     kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden_options: Any, seconds: dict[str, float]
 ) -> CaseResult:
@@ -83,19 +108,7 @@ def _compared(
     golden = golden_for(case, golden_options)
     seconds["golden"] = time.perf_counter() - started
     started = time.perf_counter()
-    bounds = bounds_for(kernel, case, golden)
-    naive = lowprec.naive_attention(case)
-    comparisons = {
-        name: metrics.compare(
-            name,
-            tensor,
-            getattr(golden, name),
-            bounds[name],
-            threshold=error_model.THRESHOLDS[name],
-            lowprec=naive.get(name),
-        )
-        for name, tensor in actual.items()
-    }
+    comparisons = compare_outputs(kernel, case, actual, golden)
     seconds["comparison"] = time.perf_counter() - started
     status = "passed" if all(comparison.passed for comparison in comparisons.values()) else "failed"
     golden_record = {"method": golden.method, "certified_bound": dict(golden.certified_bound)}

@@ -160,6 +160,19 @@ class OutputComparison:
     worst: dict[str, Any] | None
     flash_ratio: float | None
     passed: bool
+    #: The statistical and local verdicts' records (:mod:`verify.noise_verdicts`), None where they do not apply.
+    statistical: dict[str, Any] | None = None
+    local: dict[str, Any] | None = None
+
+    @property
+    def failed_verdicts(self) -> list[str]:
+        """The verdicts that failed: ``worst-case`` (a mismatch), ``statistical``, ``local``."""
+        failed = ["worst-case"] if self.mismatches else []
+        for name in ("statistical", "local"):
+            record = getattr(self, name)
+            if record is not None and record["score"] > 1:
+                failed.append(name)
+        return failed
 
     def to_dict(self) -> dict[str, Any]:
         worst = None
@@ -181,6 +194,8 @@ class OutputComparison:
             "worst": worst,
             "flash_ratio": None if self.flash_ratio is None else encode_float(self.flash_ratio),
             "passed": self.passed,
+            "statistical": _encoded_record(self.statistical),
+            "local": _encoded_record(self.local),
         }
 
     @classmethod
@@ -205,7 +220,24 @@ class OutputComparison:
             worst=worst,
             flash_ratio=None if ratio is None else decode_float(ratio),
             passed=bool(record["passed"]),
+            statistical=_decoded_record(record.get("statistical")),
+            local=_decoded_record(record.get("local")),
         )
+
+
+def _encoded_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A verdict record with its floats as :func:`encode_float` writes them."""
+    if record is None:
+        return None
+    return {key: encode_float(value) if isinstance(value, float) else value for key, value in record.items()}
+
+
+def _decoded_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Inverse of :func:`_encoded_record`: the score and the other numbers back to floats."""
+    if record is None:
+        return None
+    numbers = ("score", "threshold", "r", "unit", "rms", "median", "ratio", "floor", "judged")
+    return {key: decode_float(value) if key in numbers else value for key, value in record.items()}
 
 
 _WORST_FLOATS = ("actual", "expected", "abs_err", "bound", "normalized", "ulp")
@@ -552,6 +584,29 @@ def masked_element(spec: "CaseSpec", output: str, index: Sequence[int]) -> str |
             "exactly 0 and its lse -inf whatever the inputs: any other value there is wrong, however small")
 
 
+def _noise_verdict_lines(comparison: OutputComparison) -> list[str]:
+    """The failed statistical and local verdicts of ``comparison``, a line each (docs/error-model.md,
+    "Statistical and local verdicts")."""
+    lines = []
+    stat, local = comparison.statistical, comparison.local
+    if stat is not None and stat["score"] > 1:
+        lines.append(
+            f"  statistical: {stat['path']}: error {_number(stat['r'])} noise units (threshold "
+            f"{_number(stat['threshold'])}); a unit is the model kernel's largest rounding error in "
+            f"{stat['tile']} plus the element's own rounding, here {_number(stat['unit'])}"
+        )
+    if local is not None and local["score"] > 1:
+        lines.append(
+            f"  local: {local['group']}: RMS error {_number(local['rms'])} noise units against a median of "
+            f"{_number(local['median'])} over the {local['kind']}s (limit {_number(local['ratio'])} x "
+            f"max(median, {_number(local['floor'])}))"
+        )
+        others = [f"{kind} {name}" for kind, name in local["flagged"].items() if kind != local["kind"]]
+        if others:
+            lines.append(f"  also out of line: {'; '.join(others)}")
+    return lines
+
+
 def describe_failure(result: "CaseResult", output: str | None = None) -> str:
     """The one failure message: what failed, where, by how much, and how to reproduce it.
 
@@ -574,6 +629,10 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
             f"{result.kernel} on {result.device}: {output} ({comparison.dtype}) mismatches the golden in "
             f"{comparison.mismatches} of {comparison.numel} elements ({share:.3g}%)"
         )
+        if not comparison.mismatches:
+            failed = " and ".join(comparison.failed_verdicts)
+            head = (f"{result.kernel} on {result.device}: {output} ({comparison.dtype}) is within the worst-case "
+                    f"bounds but fails the {failed} verdict: its errors are inconsistent with rounding")
         if comparison.nonfinite:
             head += f", {comparison.nonfinite} of them NaN/Inf where the golden is finite"
         lines.append(head)
@@ -588,6 +647,7 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
             masked = masked_element(spec, output, worst["index"])
             if masked is not None:
                 lines.append(f"  {masked}")
+        lines.extend(_noise_verdict_lines(comparison))
         quantiles = comparison.normalized.quantiles
         lines.append(
             "  normalized error: "

@@ -1,0 +1,274 @@
+"""The statistical and local verdicts: a kernel's error in units of a model kernel's rounding noise.
+
+The worst-case verdict (:mod:`verify.error_model`) proves that no correct
+kernel exceeds its bound, but its bound grows like ``n u`` while real
+rounding grows like ``sqrt(n) u``; at 65k to 131k keys an error a hundred
+times the real noise passes it.  These two verdicts measure the noise
+instead (docs/error-model.md, "Statistical and local verdicts"):
+
+* the **model kernel** (:mod:`verify.model_kernel`) computes the case with
+  FlashAttention-2's numerics in the case dtype, the kernel's declared partial
+  sums included, and its error ``e^M = |M - golden|`` is the rounding noise a
+  correct kernel makes on these inputs;
+* each element's **noise unit** is the largest model error in its tile
+  (:data:`TILE` rows of one batch and head, or keys of one batch and kv
+  head; every channel) plus the element's own last rounding (half an ulp of
+  the golden in ``T``; for ``lse``, float32's ulp and the exp and log
+  approximations ``u_f (1 + ln n_i)`` of eq. (3));
+* ``r = |actual - golden| / unit``.  **Statistical verdict**: an element with
+  ``r > STATISTICAL_THRESHOLD`` is inconsistent with rounding.  **Local
+  verdict**: the root mean square of ``r`` over a group (a row, a tile, a head,
+  a batch) above ``LOCAL_RATIO`` times the median over the groups of its kind,
+  and above ``LOCAL_RATIO * LOCAL_FLOOR``, is an error out of line with the
+  rest of the output: stale rows, a dropped key block, a head read from the
+  wrong offset, a lost dQ update.
+
+Both rest on one premise: the rounding to ``T`` dominates the noise of
+every correct kernel, so that what a kernel does otherwise (another
+summation order, base-2 exponentials, split-KV weights in float32) adds
+little.  They apply to float16 and bfloat16 cases only (float32 and float64
+cases keep the worst-case verdict alone), and within a case only to the rows
+where the exponentials' argument error ``u_a (|S_ij| + M_i)`` of eq. (1) is
+small next to ``u``: ``u_a (2 M_i + 1) <= u / 8`` (:func:`premise`); dK and dV
+of a (batch, kv head) only when every row of its query heads qualifies.
+Elsewhere, as for logits far below zero where float32 cannot resolve
+``S - m`` to ``u``, the worst-case verdict alone judges.  Rows that see no
+key, and keys that no row sees, are exact and take no part in the local
+statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from fa2_verify.core.case import CaseSpec
+from fa2_verify.verify.error_model import accumulation_unit, unit_roundoff
+from fa2_verify.verify.metrics import tensor_path, ulp
+
+#: Tokens (query rows, or keys for dK and dV) per tile: the noise unit's neighbourhood and a local group.
+TILE = 64
+
+#: Largest ``r`` of a correct kernel: its error at most this many times the model's largest in the tile.
+STATISTICAL_THRESHOLD = 4.0
+
+#: A group is out of line when its RMS ``r`` exceeds this many times the median of its kind ...
+LOCAL_RATIO = 4.0
+
+#: ... and this many noise units times :data:`LOCAL_RATIO`, so an output the model computes exactly
+#: (median ``r`` of 0) does not flag a group of one-ulp differences.
+LOCAL_FLOOR = 0.5
+
+#: Smallest group, in elements, of the local verdict's ``row`` kind (a row of ``lse`` is one element).
+MIN_ROW_ELEMENTS = 16
+
+#: Dtypes these verdicts apply to.
+DTYPES = (torch.float16, torch.bfloat16)
+
+#: Per output: whether its tokens are keys, and the permutation to (batch, head, token, channel).
+_LAYOUT = {
+    "out": ("rows", (0, 2, 1, 3)),
+    "dq": ("rows", (0, 2, 1, 3)),
+    "dk": ("keys", (0, 2, 1, 3)),
+    "dv": ("keys", (0, 2, 1, 3)),
+    "lse": ("rows", None),
+}
+
+
+def applies(spec: CaseSpec) -> bool:
+    """Whether the statistical and local verdicts judge ``spec`` (a 16-bit case)."""
+    return spec.torch_dtype in DTYPES
+
+
+def _canonical(output: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as (batch, head, token, channel); ``lse`` gains a channel axis of 1."""
+    order = _LAYOUT[output][1]
+    return tensor.unsqueeze(-1) if order is None else tensor.permute(order)
+
+
+def _tiles(values: torch.Tensor) -> torch.Tensor:
+    """(batch, head, tokens, channels) zero-padded to whole tiles, as (batch, head, tiles, TILE x channels)."""
+    batch, heads, tokens, channels = values.shape
+    padded = torch.nn.functional.pad(values, (0, 0, 0, (-tokens) % TILE))
+    return padded.reshape(batch, heads, -1, TILE * channels)
+
+
+def _active_tokens(spec: CaseSpec, output: str, device: torch.device) -> torch.Tensor:
+    """Bool (tokens,): rows that see a key (``out``, ``lse``, ``dq``), or keys that a row sees (``dk``, ``dv``)."""
+    first, last = spec.visible_ranges(device)
+    if _LAYOUT[output][0] == "rows":
+        return first <= last
+    key = torch.arange(spec.seqlen_k, device=device)
+    seen = torch.zeros(spec.seqlen_k + 1, dtype=torch.int64, device=device)
+    rows = first <= last
+    seen.index_add_(0, first[rows], torch.ones_like(first[rows]))
+    seen.index_add_(0, last[rows] + 1, -torch.ones_like(last[rows]))
+    return seen.cumsum(0)[key] > 0
+
+
+def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.Tensor:
+    """The element's own last rounding: half an ulp in ``T``; for ``lse`` float32's ulp plus ``u_f (1 + ln n_i)``."""
+    if output != "lse":
+        return ulp(expected, spec.torch_dtype) / 2
+    first, last = spec.visible_ranges(expected.device)
+    keys = (last - first + 1).clamp(min=1).to(torch.float64)
+    u_f = 4 * accumulation_unit(spec.torch_dtype)
+    finite = torch.where(torch.isfinite(expected), expected, 0.0)
+    return ulp(finite, torch.float32) + u_f * (1 + torch.log(keys))
+
+
+#: The premise's margin: the exponentials' argument error at most ``u / PREMISE_MARGIN``.
+PREMISE_MARGIN = 8
+
+
+def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tensor:
+    """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring).
+
+    ``logit_max`` is the model's ``M_i`` (batch, heads_q, seqlen_q).
+    """
+    dtype = spec.torch_dtype
+    rows = accumulation_unit(dtype) * (2 * logit_max.to(torch.float64) + 1) <= unit_roundoff(dtype) / PREMISE_MARGIN
+    if _LAYOUT[output][0] == "rows":
+        return rows[..., None]
+    group = spec.heads_q // spec.heads_kv
+    return rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None]
+
+
+def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
+                model: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(r, unit)`` as (batch, head, token, channel) float64 tensors: the kernel's error in noise units.
+
+    ``r`` is 0 where the golden is not finite (the worst-case verdict judges
+    those elements) and ``+inf`` where the kernel is not finite but the golden
+    is.  Where the model is not finite but the golden is (it overflowed ``T``)
+    its tile's noise is infinite and ``r`` 0 there.  The premise is not applied here (:func:`judge`).
+    """
+    expected = _canonical(output, expected.to(torch.float64))
+    actual = _canonical(output, actual.to(expected.device, torch.float64))
+    model = _canonical(output, model.to(expected.device, torch.float64))
+    finite = torch.isfinite(expected)
+    model_error = torch.where(finite, (model - expected).abs(), 0.0).nan_to_num(nan=math.inf)
+    tile_noise = _tiles(model_error).amax(-1)
+    tokens = expected.shape[2]
+    noise = tile_noise.repeat_interleave(TILE, dim=2)[:, :, :tokens, None]
+    unit = noise + _own_rounding(spec, output, expected)
+    error = torch.where(finite, (actual - expected).abs(), 0.0).nan_to_num(nan=math.inf)
+    error = torch.where(finite & ~torch.isfinite(actual), math.inf, error)
+    r = torch.where(error == 0, 0.0, error / unit)
+    return torch.where(torch.isinf(unit), 0.0, r), unit
+
+
+def _token_span(output: str, tokens: range) -> str:
+    noun = "keys" if _LAYOUT[output][0] == "keys" else "rows"
+    if len(tokens) == 1:
+        return f"{noun[:-1]} {tokens.start}"
+    return f"{noun} {tokens.start}-{tokens.stop - 1}"
+
+
+def _head_noun(output: str) -> str:
+    return "kv head" if _LAYOUT[output][0] == "keys" else "head"
+
+
+def _original_index(output: str, b: int, h: int, t: int, c: int) -> list[int]:
+    """The index into ``output`` of canonical position (batch, head, token, channel)."""
+    return [b, h, t] if _LAYOUT[output][1] is None else [b, t, h, c]
+
+
+def statistical(output: str, r: torch.Tensor, unit: torch.Tensor) -> dict[str, Any]:
+    """The statistical verdict's record: ``score`` (largest ``r`` over :data:`STATISTICAL_THRESHOLD`;
+    above 1 fails), the element, its ``r`` and noise unit, and the tile the unit comes from."""
+    flat = r.reshape(-1)
+    at = int(torch.argmax(flat)) if flat.numel() else 0
+    worst = float(flat[at]) if flat.numel() else 0.0
+    b, h, t, c = (int(i) for i in torch.unravel_index(torch.tensor(at), r.shape)) if flat.numel() else (0, 0, 0, 0)
+    start = t - t % TILE
+    tile = range(start, min(start + TILE, r.shape[2]))
+    return {
+        "score": worst / STATISTICAL_THRESHOLD,
+        "threshold": STATISTICAL_THRESHOLD,
+        "r": worst,
+        "path": tensor_path(output, _original_index(output, b, h, t, c)),
+        "unit": float(unit[b, h, t, c]) if flat.numel() else 0.0,
+        "tile": f"{_token_span(output, tile)} of batch {b}, {_head_noun(output)} {h}",
+    }
+
+
+def _group_rms(squares: torch.Tensor, weight: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(RMS, present)`` of ``r`` over ``dims`` counting only active elements; ``present`` marks groups with one."""
+    count = weight.expand_as(squares).sum(dims)
+    total = (squares * weight).sum(dims)
+    return torch.sqrt(total / count.clamp(min=1)), count > 0
+
+
+def local(spec: CaseSpec, output: str, r: torch.Tensor, judged: torch.Tensor | None = None) -> dict[str, Any] | None:
+    """The local verdict's record for the most out-of-line group (``score`` above 1 fails), with the most
+    out-of-line group of every kind that fails (``flagged``, kind to name), or None when no kind has two groups
+    to compare.
+
+    Kinds: ``row`` (one token of one batch and head, every channel; only with at least
+    :data:`MIN_ROW_ELEMENTS` channels), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
+    """
+    batch, heads, tokens, channels = r.shape
+    weight = _active_tokens(spec, output, r.device)[None, None, :, None]
+    if judged is not None:
+        weight = weight & judged
+    weight = weight.to(torch.float64)
+    squares = r.square()
+    padded_weight = _tiles(weight.expand(*weight.shape[:2], tokens, channels))
+    kinds = {
+        "tile": _group_rms(_tiles(squares), padded_weight, (-1,)),
+        "head": _group_rms(squares, weight, (2, 3)),
+        "batch": _group_rms(squares, weight, (1, 2, 3)),
+    }
+    if channels >= MIN_ROW_ELEMENTS:
+        kinds["row"] = _group_rms(squares, weight, (3,))
+    best, flagged = None, {}
+    for kind, (rms, present) in kinds.items():
+        values = rms[present]
+        if values.numel() < 2:
+            continue
+        median = float(values.median())
+        limit = LOCAL_RATIO * max(median, LOCAL_FLOOR)
+        scores = torch.where(present, rms / limit, 0.0)
+        at = int(torch.argmax(scores.reshape(-1)))
+        score = float(scores.reshape(-1)[at])
+        name = _group_name(output, kind, [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)],
+                           tokens)
+        if score > 1:
+            flagged[kind] = name
+        if best is None or score > best["score"]:
+            best = {"score": score, "kind": kind, "group": name, "rms": float(rms.reshape(-1)[at]),
+                    "median": median, "ratio": LOCAL_RATIO, "floor": LOCAL_FLOOR}
+    if best is not None:
+        best["flagged"] = flagged
+    return best
+
+
+def _group_name(output: str, kind: str, index: list[int], tokens: int) -> str:
+    """``rows 131008-131071 of batch 0, head 0`` and the like, for a group of ``kind`` at ``index``."""
+    if kind == "batch":
+        return f"batch {index[0]}"
+    where = f"batch {index[0]}, {_head_noun(output)} {index[1]}"
+    if kind == "head":
+        return f"{_head_noun(output)} {index[1]} of batch {index[0]}"
+    if kind == "row":
+        return f"{_token_span(output, range(index[2], index[2] + 1))} of {where}"
+    start = index[2] * TILE
+    return f"{_token_span(output, range(start, min(start + TILE, tokens)))} of {where}"
+
+
+def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
+          model: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(statistical record, local record or None)`` of one output against the model kernel's outputs
+    ``model`` (:func:`verify.model_kernel.model_attention`), where the premise holds (module docstring).
+
+    The statistical record's ``judged`` is the share of the output's elements under the premise.
+    """
+    r, unit = noise_units(spec, output, actual, expected, model[output])
+    judged = premise(spec, output, model["logit_max"].to(r.device))
+    r = torch.where(judged, r, 0.0)
+    record = statistical(output, r, unit)
+    record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
+    return record, local(spec, output, r, judged)

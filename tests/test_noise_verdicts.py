@@ -1,0 +1,164 @@
+"""The model kernel and the statistical and local verdicts (docs/error-model.md, "Statistical and local verdicts")."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify import error_model, metrics, noise_verdicts
+from fa2_verify.verify.check import compare_outputs, golden_for
+from fa2_verify.verify.error_model import PartialSums
+from fa2_verify.verify.kernel_call import run_case
+from fa2_verify.verify.model_kernel import model_attention
+from fa2_verify.verify.registry import load_kernel
+from fa2_verify.verify.results import CaseResult
+
+OUTPUTS = ("out", "lse", "dq", "dk", "dv")
+
+
+def _case(**fields):
+    spec = dict(batch=2, seqlen_q=130, seqlen_k=137, heads_q=4, heads_kv=2, head_dim=32, dtype="float16", seed=3)
+    spec.update(fields)
+    return make_case(CaseSpec(**spec), "cpu")
+
+
+@pytest.fixture(scope="module")
+def causal_case():
+    case = _case(causal=True)
+    return case, golden_for(case)
+
+
+@pytest.mark.parametrize(
+    "partials",
+    [PartialSums(), PartialSums(dkv_rows=32, dq_keys=16), PartialSums(out_splits=3)],
+    ids=["fa2", "partial-sums", "split-kv"],
+)
+def test_the_model_kernel_is_a_correct_kernel_under_the_worst_case_bounds(causal_case, partials):
+    case, golden = causal_case
+    model = model_attention(case, partials)
+    bounds = error_model.first_order_bounds(case, golden, partials)
+    for name in OUTPUTS:
+        comparison = metrics.compare(name, model[name], getattr(golden, name), bounds[name], threshold=1.0)
+        assert comparison.passed, (name, comparison.worst)
+        assert comparison.abs_err.quantiles["max"] > 0  # it rounds: it is a noise model, not the golden
+
+
+def test_declared_partial_sums_add_their_roundings_to_the_model(causal_case):
+    case, golden = causal_case
+    plain = model_attention(case)
+    partial = model_attention(case, PartialSums(dkv_rows=8, dq_keys=8))
+    for name in ("dq", "dk", "dv"):
+        expected = getattr(golden, name)
+        assert not torch.equal(plain[name], partial[name])
+        assert (partial[name].double() - expected).abs().sum() > (plain[name].double() - expected).abs().sum()
+
+
+def _judged(case, golden, actual):
+    kernel = load_kernel("reference")
+    return compare_outputs(kernel, case, actual, golden)
+
+
+def test_the_models_own_outputs_have_r_at_most_one(causal_case):
+    case, golden = causal_case
+    model = model_attention(case)
+    for name in OUTPUTS:
+        r, _ = noise_verdicts.noise_units(case.spec, name, model[name], getattr(golden, name), model[name])
+        assert float(r.max()) <= 1.0
+
+
+def test_a_correct_kernel_passes_every_verdict(causal_case):
+    case, golden = causal_case
+    comparisons = _judged(case, golden, run_case(load_kernel("reference"), case))
+    for comparison in comparisons.values():
+        assert comparison.passed and comparison.failed_verdicts == []
+        assert comparison.statistical["score"] < 1 and comparison.local["score"] < 1
+
+
+def test_an_error_of_a_few_noise_units_fails_the_statistical_verdict(causal_case):
+    case, golden = causal_case
+    actual = run_case(load_kernel("reference"), case)
+    model = model_attention(case, PartialSums(), actual)
+    r, unit = noise_verdicts.noise_units(case.spec, "out", actual["out"], golden.out, model["out"])
+    # element out[b=1, i=100, h=3, c=5]: 6 noise units
+    bumped = actual["out"].clone()
+    bumped[1, 100, 3, 5] = (golden.out[1, 100, 3, 5] + 6 * unit[1, 3, 100, 5]).to(bumped.dtype)
+    comparison = _judged(case, golden, {**actual, "out": bumped})["out"]
+    assert "statistical" in comparison.failed_verdicts and not comparison.passed
+    assert comparison.statistical["path"] == "out[b=1, i=100, h=3, c=5]"
+    assert comparison.statistical["tile"] == "rows 64-127 of batch 1, head 3"
+
+
+def test_a_stale_tile_fails_the_local_verdict_and_is_named(causal_case):
+    case, golden = causal_case
+    actual = run_case(load_kernel("reference"), case)
+    model = model_attention(case, PartialSums(), actual)
+    _, unit = noise_verdicts.noise_units(case.spec, "dq", actual["dq"], golden.dq, model["dq"])
+    # rows 64-127 of batch 0, head 2 off by three noise units each, random signs: below the statistical threshold
+    signs = torch.randint(0, 2, (64, 32), generator=torch.Generator().manual_seed(0)) * 2 - 1
+    stale = actual["dq"].clone()
+    stale[0, 64:128, 2] = (golden.dq[0, 64:128, 2] + 3 * signs * unit[0, 2, 64:128]).to(stale.dtype)
+    comparison = _judged(case, golden, {**actual, "dq": stale})["dq"]
+    assert comparison.statistical["score"] <= 1 and comparison.mismatches == 0
+    assert comparison.failed_verdicts == ["local"]
+    assert comparison.local["flagged"]["tile"] == "rows 64-127 of batch 0, head 2"
+
+
+def test_keys_are_named_for_dk_and_dv(causal_case):
+    case, golden = causal_case
+    actual = run_case(load_kernel("reference"), case)
+    wrong = actual["dv"].clone()
+    wrong[1, 7, 0] *= 1.05
+    comparison = _judged(case, golden, {**actual, "dv": wrong})["dv"]
+    assert not comparison.passed
+    assert comparison.local["group"].startswith("key 7 of batch 1, kv head 0")
+
+
+def test_an_exact_model_and_one_ulp_everywhere_in_a_group_is_not_out_of_line():
+    spec = _case(generator="uniform").spec
+    expected = torch.full((1, 128, 2, 16), 0.5, dtype=torch.float64)
+    exact = expected.to(torch.float16)
+    one_ulp_off = exact.clone()
+    one_ulp_off[0, :64, 0] += 2.0**-11  # float16's gap at 0.5
+    spec = dataclasses.replace(spec, batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=16,
+                               causal=False)
+    r, _ = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, exact)
+    assert float(r.max()) == pytest.approx(2.0)
+    assert noise_verdicts.local(spec, "out", r)["score"] <= 1
+
+
+def test_rows_whose_logits_float32_cannot_resolve_to_u_are_left_to_the_worst_case_verdict():
+    """Split-KV weights in float32 err by ``u_a |LSE|``, far above ``u`` at logits near -1e5 (eq. 2b): a
+    correct kernel's noise the model does not make.  Those rows are outside the premise, and pass."""
+    case = _case(generator="far-below-zero", seqlen_q=64, seqlen_k=200)
+    golden = golden_for(case)
+    kernel = load_kernel("tests.variants:SPLIT_KV3")
+    actual = run_case(kernel, case)
+    comparisons = compare_outputs(kernel, case, actual, golden)
+    assert all(c.passed for c in comparisons.values())
+    assert comparisons["out"].statistical["judged"] < 1
+    model = model_attention(case, PartialSums(), actual)
+    r, _ = noise_verdicts.noise_units(case.spec, "out", actual["out"], golden.out, model["out"])
+    assert float(r.max()) > noise_verdicts.STATISTICAL_THRESHOLD  # what the premise keeps from a false alarm
+
+
+def test_float32_cases_keep_the_worst_case_verdict_alone():
+    case = _case(dtype="float32", seqlen_q=20, seqlen_k=20)
+    comparisons = _judged(case, golden_for(case), run_case(load_kernel("reference"), case))
+    assert all(c.statistical is None and c.local is None and c.passed for c in comparisons.values())
+
+
+def test_records_survive_json_and_the_failure_message_names_the_verdict(causal_case):
+    case, golden = causal_case
+    actual = run_case(load_kernel("reference"), case)
+    wrong = actual["dv"].clone()
+    wrong[1, 7, 0] *= 1.05
+    comparisons = _judged(case, golden, {**actual, "dv": wrong})
+    record = comparisons["dv"].to_dict()
+    assert metrics.OutputComparison.from_dict(record) == comparisons["dv"]
+    result = CaseResult(spec=case.spec, kernel="reference", device="cpu", status="failed", comparisons=comparisons)
+    message = metrics.describe_failure(result, "dv")
+    assert "fails the local verdict" in message or "statistical:" in message
+    assert "local: key 7 of batch 1, kv head 0" in message
