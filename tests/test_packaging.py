@@ -27,3 +27,15 @@ def test_the_wheel_holds_exactly_one_top_level_package(tmp_path) -> None:
     (wheel,) = tmp_path.glob("fa2_verify-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"fa2_verify"}
+
+
+def test_the_type_check_covers_the_package_from_the_pyproject_configuration() -> None:
+    """``.ci/run`` runs ``python -m mypy`` bare, so what it checks is ``[tool.mypy]``: the whole package, at the
+    oldest Python the distribution supports, with mypy installed by the ``test`` extra."""
+    tomllib = __import__("tomllib") if sys.version_info >= (3, 11) else __import__("tomli")
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    config = pyproject["tool"]["mypy"]
+    assert config["packages"] == ["fa2_verify"]
+    assert pyproject["project"]["requires-python"] == f">={config['python_version']}"
+    assert any(requirement.startswith("mypy") for requirement in pyproject["project"]["optional-dependencies"]["test"])
+    assert ".venv/bin/python -m mypy\n" in (ROOT / ".ci" / "run").read_text()

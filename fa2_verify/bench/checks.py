@@ -119,7 +119,7 @@ def check(case: CheckCase, *, device: str = DEVICE) -> dict[str, Any]:
     """Both backward modes of ``case`` through the product's check; the deterministic one repeated bit for bit."""
     target = kernel()
     deterministic = dataclasses.replace(case.spec, deterministic=True)
-    record = {
+    record: dict[str, Any] = {
         "name": case.name,
         "case": case.spec.to_dict(),
         "layout": case.layout,

@@ -84,8 +84,8 @@ def supervise(child_command: list[str], command: str) -> int:
         child.append(subprocess.Popen(child_command, env={**os.environ, STATUS_FD: str(write_end)},
                                       pass_fds=(write_end,)))
         os.close(write_end)
-        for signum in received:
-            os.kill(child[0].pid, signum)
+        for pending in received:
+            os.kill(child[0].pid, pending)
         returncode = child[0].wait()
     finally:
         for signum, handler in previous.items():

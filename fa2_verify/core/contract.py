@@ -19,13 +19,18 @@ float32 (batch, heads_q, seqlen_q), natural log.  Masks are bottom-right
 aligned (:func:`visible_mask`), or top-left for a kernel declaring
 ``causal_alignment="top_left"``.  A row that sees no key has ``out = 0``,
 ``dq = 0`` and ``lse = ±inf``.
+
+The same contract as types: :class:`KernelTarget` (what every target has),
+:class:`VarlenKernelTarget` (with the varlen entry points) and
+:class:`KernelHooks` (the optional hooks); annotate a target with them and a
+type checker or an IDE shows what is missing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol, cast
 
 import torch
 
@@ -286,11 +291,11 @@ class Capabilities:
             raise UsageError(
                 f"capabilities leave no sequence length to run: no length in [max(1, min_seqlen={self.min_seqlen}), "
                 f"max_seqlen={self.max_seqlen}] is a multiple of seqlen_multiple_of "
-                f"{list(self.seqlen_multiple_of)} (equal_seqlens={self.equal_seqlens}): widen the range"
+                f"{list(self._multiples)} (equal_seqlens={self.equal_seqlens}): widen the range"
             )
 
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> "Capabilities":
+    def from_mapping(cls, mapping: "Capabilities | Mapping[str, Any]") -> "Capabilities":
         """Capabilities from a plain mapping with the same fields (lists for tuples)."""
         if isinstance(mapping, Capabilities):
             return mapping
@@ -312,13 +317,18 @@ class Capabilities:
         """Whether the kernel runs cases without a causal mask (it is not ``causal_only``)."""
         return not self.causal_only
 
+    @property
+    def _multiples(self) -> tuple[int, int]:
+        """``seqlen_multiple_of`` as :meth:`__post_init__` stores it, ``(q, k)``, whatever form was declared."""
+        return cast("tuple[int, int]", self.seqlen_multiple_of)
+
     def head_dims_on(self, device: str) -> tuple[int, ...]:
         """The head dimensions supported on ``device`` (a device or device type)."""
         return self.device_head_dims.get(torch.device(device).type, self.head_dims)
 
     def seqlen_step(self, side: str | None = None) -> int:
         """The multiple a length must be of on ``side`` (``"q"``, ``"k"``), or on both when ``None`` (their lcm)."""
-        multiple_q, multiple_k = self.seqlen_multiple_of
+        multiple_q, multiple_k = self._multiples
         if side is None:
             return math.lcm(multiple_q, multiple_k)
         return multiple_q if side == "q" else multiple_k
@@ -415,7 +425,7 @@ class Capabilities:
             described.append(f"masks {self.causal_alignment.replace('_', '-')} aligned")
         if not self.custom_softmax_scale:
             described.append("softmax_scale 1/sqrt(head_dim) only")
-        multiple_q, multiple_k = self.seqlen_multiple_of
+        multiple_q, multiple_k = self._multiples
         if (multiple_q, multiple_k) != (1, 1):
             described.append(f"seqlen_q a multiple of {multiple_q}, seqlen_k a multiple of {multiple_k}")
         if self.equal_seqlens:
@@ -449,10 +459,134 @@ class Capabilities:
             "varlen": self.varlen,
             "lse": self.lse,
             "unaligned_inputs": self.unaligned_inputs,
-            "seqlen_multiple_of": {"q": self.seqlen_multiple_of[0], "k": self.seqlen_multiple_of[1]},
+            "seqlen_multiple_of": {"q": self._multiples[0], "k": self._multiples[1]},
             "equal_seqlens": self.equal_seqlens,
             "min_seqlen": self.min_seqlen,
             "max_seqlen": self.max_seqlen,
             "notes": list(self.notes),
             "device_head_dims": {device: list(dims) for device, dims in self.device_head_dims.items()},
         }
+
+
+#: ``window_size``: (left, right) keys around the diagonal, ``-1`` unbounded on that side.
+Window = tuple[int, int]
+
+
+class KernelTarget(Protocol):
+    """What the kernel contract asks of every target (docs/design.md, "The kernel contract").
+
+    The loader (:func:`verify.registry.load_kernel`) requires ``forward`` and
+    ``capabilities``; ``backward`` is called only for a kernel whose
+    capabilities declare ``backward=True`` (the default), so a forward-only
+    kernel may leave it out.  The tensors are handed positionally (any
+    parameter names), the options by keyword; layouts as in this module's
+    docstring.
+    """
+
+    @property
+    def capabilities(self) -> Capabilities | Mapping[str, Any]:
+        """A :class:`Capabilities`, or a plain mapping of its fields (:meth:`Capabilities.from_mapping`)."""
+        ...
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        /,
+        *,
+        softmax_scale: float,
+        causal: bool = False,
+        window_size: Window = (UNBOUNDED, UNBOUNDED),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(out, lse)``; ``lse`` is ``None`` exactly when the capabilities declare ``lse=False``."""
+        ...
+
+    def backward(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        /,
+        *,
+        softmax_scale: float,
+        causal: bool = False,
+        window_size: Window = (UNBOUNDED, UNBOUNDED),
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dq, dk, dv)`` from the forward's ``out`` and ``lse`` (``None`` for a kernel declaring ``lse=False``)."""
+        ...
+
+
+class VarlenKernelTarget(KernelTarget, Protocol):
+    """A target declaring ``varlen=True``: the flash-attn style entry points on packed sequences.
+
+    ``q`` is (total_q, heads_q, head_dim), ``k``/``v`` (total_k, heads_kv,
+    head_dim); sequence ``b`` is rows ``cu_seqlens[b]:cu_seqlens[b + 1]``
+    (int32); ``lse`` is (heads_q, total_q) (:mod:`core.varlen`).
+    """
+
+    def forward_varlen(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        /,
+        *,
+        softmax_scale: float,
+        causal: bool = False,
+        window_size: Window = (UNBOUNDED, UNBOUNDED),
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(out, lse)`` of every packed sequence."""
+        ...
+
+    def backward_varlen(
+        self,
+        dout: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        lse: torch.Tensor | None,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        /,
+        *,
+        softmax_scale: float,
+        causal: bool = False,
+        window_size: Window = (UNBOUNDED, UNBOUNDED),
+        deterministic: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dq, dk, dv)`` of every packed sequence."""
+        ...
+
+
+class KernelHooks(Protocol):
+    """The optional hooks of a target (docs/design.md, "The kernel contract"), each read once before any case.
+
+    Any of them may be absent; one that raises or returns another type is a
+    one-line :class:`~core.errors.KernelLoadError` naming it.
+    """
+
+    def unavailable_reason(self) -> str | None:
+        """Why the kernel cannot run on this machine (e.g. a package is missing), or ``None``."""
+        ...
+
+    def config(self) -> Mapping[str, Any]:
+        """What a run records to be reproduced (tiles, versions); ``block_k`` and ``partial_sums`` are read
+        by the error model (:mod:`verify.kernel_config` checks it)."""
+        ...
+
+    @property
+    def version(self) -> str:
+        """The kernel's version for reports; else its distribution's (:func:`verify.report_json.kernel_version`)."""
+        ...

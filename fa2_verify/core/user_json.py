@@ -85,7 +85,7 @@ def parse_json(data: bytes | str, source: str) -> Any:
         else:
             text = data
             data.encode("utf-8")
-    except UnicodeError as exc:
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
         unit = "byte" if isinstance(data, bytes) else "character"
         raise InputJsonError(source, f"not UTF-8 ({exc.reason} at {unit} {exc.start})") from None
     if _depth_exceeded(text):

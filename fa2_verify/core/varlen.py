@@ -147,10 +147,8 @@ def pack(spec: VarlenSpec, device: str, layout: str = "contiguous") -> Packed:
         raise ValueError(f"layout={layout!r} would change a packed batch's values: use one of "
                          f"{LAYOUTS + VALUE_KEEPING_JOINT_LAYOUTS}")
     cases = tuple(make_case(spec.sequence(index), device) for index in range(len(spec.seqlens)))
-    q, k, v, dout = (
-        tensor[0] for tensor in arrange(*(torch.cat([getattr(case, name)[0] for case in cases])[None]
-                                          for name in ("q", "k", "v", "dout")), layout)
-    )
+    q, k, v, dout = (torch.cat([getattr(case, name)[0] for case in cases])[None] for name in ("q", "k", "v", "dout"))
+    q, k, v, dout = (tensor[0] for tensor in arrange(q, k, v, dout, layout))
     lengths_q = [seqlen_q for seqlen_q, _ in spec.seqlens]
     lengths_k = [seqlen_k for _, seqlen_k in spec.seqlens]
     return Packed(

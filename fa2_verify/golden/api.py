@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import cast
 
 import torch
 
@@ -123,7 +125,7 @@ def compute(
     return _result(tensors, method, bounds)
 
 
-def certified_bound_problem(bounds: dict[str, object], method: str = "fast") -> str | None:
+def certified_bound_problem(bounds: Mapping[str, object], method: str = "fast") -> str | None:
     """What makes ``bounds`` a ``certified_bound`` no golden of ``method`` can claim, or ``None``.
 
     Each value must be a number (not a bool or a string) from 0 to ``MAX_CERTIFIED_BOUND[method]``: a
@@ -136,7 +138,7 @@ def certified_bound_problem(bounds: dict[str, object], method: str = "fast") -> 
     return None
 
 
-def require_certified_bound(bounds: dict[str, object], method: str = "fast") -> None:
+def require_certified_bound(bounds: Mapping[str, object], method: str = "fast") -> None:
     """Raise ``GoldenError`` where :func:`certified_bound_problem` finds one: a golden that fails its guarantee."""
     problem = certified_bound_problem(bounds, method)
     if problem is not None:
@@ -182,7 +184,7 @@ def _key(problem: HeadMajorInputs, options: GoldenOptions, method: str) -> str:
 
 def _shapes(problem: HeadMajorInputs) -> dict[str, tuple[int, ...]]:
     rows = problem.q.shape[:3]
-    shapes = {"out": problem.q.shape, "lse": rows}
+    shapes: dict[str, tuple[int, ...]] = {"out": problem.q.shape, "lse": rows}
     if problem.dout is not None:
         shapes.update(delta=rows, dq=problem.q.shape, dk=problem.k.shape, dv=problem.v.shape)
     return shapes
@@ -196,8 +198,8 @@ def _result(tensors: dict[str, torch.Tensor], method: str, bounds: dict[str, flo
         return to_contract(value) if value.dim() == 4 else value.contiguous()
 
     return GoldenResult(
-        out=tensor("out"),
-        lse=tensor("lse"),
+        out=cast(torch.Tensor, tensor("out")),  # every method computes out and lse
+        lse=cast(torch.Tensor, tensor("lse")),
         delta=tensor("delta"),
         dq=tensor("dq"),
         dk=tensor("dk"),

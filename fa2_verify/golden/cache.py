@@ -124,7 +124,7 @@ def load(
 def store(cache_dir: pathlib.Path, entry_key: str, arrays: dict[str, np.ndarray], meta: dict) -> pathlib.Path:
     """Write an entry atomically (:func:`core.atomic.write_bytes_atomic`); returns its path."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle
     payload = buffer.getvalue()
     fields = {"key": entry_key, "size": len(payload), "meta": meta}
     target = path(cache_dir, entry_key)

@@ -50,6 +50,7 @@ what makes a few rows representative.
 from __future__ import annotations
 
 import multiprocessing as mp
+from typing import Any
 import os
 
 import numpy as np
@@ -95,7 +96,7 @@ def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_
     """
     _require_finite(problem, fast)
     rng = np.random.default_rng(seed)
-    cache: dict[tuple[str, int, int], ref.Exact | list] = {}
+    cache: dict[tuple[str, int, int], Any] = {}  # ref.Exact of an input, or a list of mpf rows
     backward = problem.dout is not None
 
     def exact(name: str, b: int, head: int) -> ref.Exact:

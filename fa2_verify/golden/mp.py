@@ -29,6 +29,7 @@ against the other.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -50,7 +51,7 @@ def attention(problem: HeadMajorInputs, precision_bits: int) -> dict[str, np.nda
     ctx = context(precision_bits)
     backward = problem.dout is not None
     names = ("out", "lse", "delta", "dq", "dk", "dv") if backward else ("out", "lse")
-    results = {name: [] for name in names}
+    results: dict[str, list[Any]] = {name: [] for name in names}
     inputs = {name: problem.host(name) for name in (("q", "k", "v", "dout") if backward else ("q", "k", "v"))}
     mask = problem.visible(slice(0, problem.seqlen_q), slice(0, problem.seqlen_k)).cpu().numpy()
     for b in range(problem.batch):
@@ -79,7 +80,7 @@ def attention_mpf(ctx, q: Sequence[Matrix], k: Sequence[Matrix], v: Sequence[Mat
     visible = [list(np.flatnonzero(row)) for row in mask]
     head_dim = max((len(head[0]) for head in (*q, *k) if head), default=0)
     zero_row = [ctx.zero] * head_dim
-    result = {name: [] for name in ("out", "lse", "delta", "dq")}
+    result: dict[str, list[Any]] = {name: [] for name in ("out", "lse", "delta", "dq")}
     weights = []
     for h, q_head in enumerate(q):
         g = h // group

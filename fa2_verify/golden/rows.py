@@ -78,7 +78,7 @@ class Row:
     """
 
     values: dict[str, list]
-    magnitudes: dict[str, np.ndarray]
+    magnitudes: dict[str, np.ndarray | float]
 
 
 def exact(x: np.ndarray | torch.Tensor) -> Exact:

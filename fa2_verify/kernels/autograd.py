@@ -81,7 +81,7 @@ def _parameters(fn: Callable[..., Any]) -> tuple[list[inspect.Parameter] | None,
     owner = getattr(fn, "__self__", None)
     is_apply = isinstance(owner, type) and issubclass(owner, torch.autograd.Function) and fn.__name__ == "apply"
     try:
-        parameters = list(inspect.signature(owner.forward if is_apply else fn).parameters.values())
+        parameters = list(inspect.signature(owner.forward if is_apply and owner is not None else fn).parameters.values())
     except (TypeError, ValueError):
         return None, False
     return (parameters[1:] if is_apply else parameters), is_apply
@@ -147,7 +147,8 @@ def recomputed_gradients(
     with ``dout`` (``torch.autograd.grad``; an input ``out`` does not depend on gets zeros)."""
     leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
     with torch.enable_grad():
-        return torch.autograd.grad(call(*leaves), leaves, dout, materialize_grads=True)
+        dq, dk, dv = torch.autograd.grad(call(*leaves), leaves, dout, materialize_grads=True)
+    return dq, dk, dv
 
 
 def _capabilities(capabilities: Capabilities | Mapping[str, Any], provides_lse: bool) -> Capabilities:

@@ -48,7 +48,8 @@ MIN_CAPABILITY = (9, 0)
 
 def fa4_window(causal: bool, window_size: tuple[int, int]) -> tuple[int | None, int | None]:
     """The contract's effective window in FlashAttention-4's spelling: ``None`` for an unbounded side."""
-    return tuple(None if bound == UNBOUNDED else bound for bound in effective_window(causal, window_size))
+    left, right = (None if bound == UNBOUNDED else bound for bound in effective_window(causal, window_size))
+    return left, right
 
 
 def _installed() -> bool:

@@ -59,7 +59,9 @@ from typing import Any, Iterator
 
 import torch
 
-from fa2_verify.core.contract import DTYPES, UNBOUNDED, Capabilities, dtype_name, heads_first, visible_mask
+from fa2_verify.core.contract import (
+    DTYPES, UNBOUNDED, Capabilities, KernelTarget, dtype_name, heads_first, visible_mask,
+)
 from fa2_verify.core.errors import UsageError
 
 RESCALINGS = ("deferred", "eager")
@@ -364,6 +366,6 @@ class TiledAttention:
 
 
 #: ``reference``: FA2 with deferred rescaling.
-DEFERRED = TiledAttention(rescaling="deferred")
+DEFERRED: KernelTarget = TiledAttention(rescaling="deferred")
 #: ``reference-eager``: FA1's eager rescaling, otherwise identical.
-EAGER = TiledAttention(rescaling="eager")
+EAGER: KernelTarget = TiledAttention(rescaling="eager")

@@ -112,13 +112,15 @@ def plan(directories: Sequence[pathlib.Path]) -> Plan:
         raise UsageError("no results directory given: name the allure-results of each shard")
     for directory in directories:
         require_results(directory)
-    runs = [read_run(directory) for directory in directories]
-    if runs == [None]:
+    read = [read_run(directory) for directory in directories]
+    if read == [None]:
         return Plan(directories, None)
-    for directory, run in zip(directories, runs):
+    runs: list[dict[str, str]] = []
+    for directory, run in zip(directories, read):
         if run is None:
             raise UsageError(f"results={directory} has no {RUN_FILE}: nothing says which run's shard it is "
                              "(run the property suite with --fa2-kernel and --alluredir)")
+        runs.append(run)
     _require_one_run(directories, runs)
     _require_every_shard_once(directories, [RunnerShard.parse(run[SHARD_KEY]) for run in runs])
     _require_tests_once(directories)
@@ -154,12 +156,13 @@ def _require_every_shard_once(directories: tuple[pathlib.Path, ...], shards: lis
 
 def result_tests(directory: pathlib.Path) -> set[str]:
     """The tests ``directory``'s results are of: each result's ``fullName`` (else its ``name``)."""
-    names = set()
+    names: set[str] = set()
     for path in sorted(directory.glob("*-result.json")):
         result = read_json(path, str(path))
-        if not isinstance(result, dict) or not isinstance(result.get("fullName", result.get("name")), str):
+        name = result.get("fullName", result.get("name")) if isinstance(result, dict) else None
+        if not isinstance(name, str):
             raise UsageError(f"{path}: not an Allure result (no fullName or name)")
-        names.add(result.get("fullName", result.get("name")))
+        names.add(name)
     return names
 
 

@@ -246,9 +246,9 @@ def baseline_from_dict(record: Any) -> Baseline:
         groups[entry.key] = entry
     cases = {}
     for name, case in record["cases"].items():
-        entry = CaseBaseline(status=case["status"], reason=case["reason"], outputs=dict(case["outputs"]))
-        _check_case(entry, case["failed_outputs"], f"cases.{name}")
-        cases[name] = entry
+        case_entry = CaseBaseline(status=case["status"], reason=case["reason"], outputs=dict(case["outputs"]))
+        _check_case(case_entry, case["failed_outputs"], f"cases.{name}")
+        cases[name] = case_entry
     corpus = record["corpus"]
     return Baseline(
         kernel=record["kernel"],

@@ -111,7 +111,7 @@ def corpus_from_dict(record: Any, *, source: str = "corpus") -> Corpus:
         except UsageError as exc:
             raise UsageError(f"{source}: case #{index}: {exc}") from None
     try:
-        return Corpus(version=record.get("corpus_version"), cases=tuple(specs))
+        return Corpus(version=record.get("corpus_version"), cases=tuple(specs))  # type: ignore[arg-type]  # Corpus checks it
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
 

@@ -38,6 +38,7 @@ top-left mask.  ``fa2-verify run`` lists every case so changed
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, cast
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import UNBOUNDED, Capabilities
@@ -113,7 +114,7 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
         seqlens = tuple(_fit_seqlens(pair, capabilities) for pair in spec.seqlens)
         if None in seqlens:
             return None
-        spec = spec if seqlens == spec.seqlens else spec.repacked(seqlens)
+        spec = spec if seqlens == spec.seqlens else spec.repacked(cast("tuple[tuple[int, int], ...]", seqlens))
     else:
         fitted = _fit_seqlens((spec.seqlen_q, spec.seqlen_k), capabilities)
         if fitted is None:
@@ -125,7 +126,7 @@ def fit_case(spec: CaseSpec, capabilities: Capabilities, device: str) -> CaseSpe
 
 def _fit_features(spec: CaseSpec, capabilities: Capabilities) -> CaseSpec:
     """``spec`` without the head layout, scale and mask features ``capabilities`` lacks (:func:`fit_case`)."""
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if spec.heads_kv != spec.heads_q and not capabilities.gqa:
         changes["heads_kv"] = spec.heads_q
     if spec.softmax_scale is not None and not capabilities.custom_softmax_scale:
@@ -155,12 +156,12 @@ def _fit_seqlens(seqlens: tuple[int, int], capabilities: Capabilities) -> tuple[
     if capabilities.seqlen_unsupported_reason(seqlen_q, seqlen_k) is None:
         return seqlens
     if capabilities.equal_seqlens:
-        seqlen_q = seqlen_k = capabilities.fit_seqlen(max(seqlen_q, seqlen_k))
+        fitted_q = fitted_k = capabilities.fit_seqlen(max(seqlen_q, seqlen_k))
     else:
-        seqlen_q, seqlen_k = capabilities.fit_seqlen(seqlen_q, "q"), capabilities.fit_seqlen(seqlen_k, "k")
-    if seqlen_q is None or seqlen_k is None:
+        fitted_q, fitted_k = capabilities.fit_seqlen(seqlen_q, "q"), capabilities.fit_seqlen(seqlen_k, "k")
+    if fitted_q is None or fitted_k is None:
         return None
-    return seqlen_q, seqlen_k
+    return fitted_q, fitted_k
 
 
 def fitted_pairs(

@@ -27,11 +27,11 @@ per-call limit ends the process, naming the call and its case.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, cast
 
 import torch
 
-from fa2_verify.core.contract import GRADIENTS, dtype_name
+from fa2_verify.core.contract import GRADIENTS, VarlenKernelTarget, dtype_name
 from fa2_verify.core.case import Case, CaseSpec
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.layouts import to_layout
@@ -103,7 +103,7 @@ def _synchronized(returned: Any, device: torch.device) -> Any:
 def call_entry(
     kernel: LoadedKernel,
     entry: str,
-    inputs: Mapping[str, torch.Tensor],
+    inputs: Mapping[str, torch.Tensor | None],
     names: tuple[str, ...],
     layouts: Layouts,
     device: torch.device,
@@ -132,7 +132,7 @@ def call_entry(
                 raise DeviceFault(fault) from raised.raised
             raise KernelFailure(f"{kernel.name}.{entry}{RAISED}{raised}") from raised.raised
     for name, bits in before.items():
-        if not torch.equal(_bits(inputs[name]), bits):
+        if not torch.equal(_bits(cast(torch.Tensor, inputs[name])), bits):  # `before` holds no None
             raise KernelFailure(f"{kernel.name}.{entry} modified its input {name} in place")
     expected = f"({', '.join(names)})"
     if not isinstance(returned, (tuple, list)):
@@ -177,10 +177,10 @@ def run_case(kernel: LoadedKernel, case: Case, *, backward: bool | None = None) 
         lambda q, k, v: kernel.forward(q, k, v, **masking), reproduction,
     )  # fmt: skip
     if spec.backward if backward is None else backward:
-        handed = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
-        handed |= {name: outputs[name].clone() if name in outputs else None for name in ("out", "lse")}
-        if case.out_layout is not None:
-            handed["out"] = to_layout(handed["out"], case.out_layout)
+        handed: dict[str, torch.Tensor | None] = {"dout": case.dout, "q": case.q, "k": case.k, "v": case.v}
+        out = outputs["out"].clone()
+        handed["out"] = out if case.out_layout is None else to_layout(out, case.out_layout)
+        handed["lse"] = outputs["lse"].clone() if "lse" in outputs else None
         outputs |= call_entry(
             kernel, "backward", handed, GRADIENTS, layouts, device,
             lambda dout, q, k, v, out, lse: kernel.backward(
@@ -208,20 +208,21 @@ def run_varlen(kernel: LoadedKernel, packed: Packed, *, backward: bool | None = 
     }
     max_lengths = (packed.max_seqlen_q, packed.max_seqlen_k)
     reproduction = spec.reproduction(kernel.name, str(packed.q.device))
-    masking = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
+    masking: dict[str, Any] = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size}
     sequences = {"cu_seqlens_q": packed.cu_seqlens_q, "cu_seqlens_k": packed.cu_seqlens_k}
+    target = cast(VarlenKernelTarget, kernel.target)  # a varlen case runs only on a kernel declaring varlen=True
     outputs = call_entry(
         kernel, "forward_varlen", {"q": packed.q, "k": packed.k, "v": packed.v, **sequences}, ("out", "lse"), layouts,
         packed.q.device,
-        lambda q, k, v, cu_q, cu_k: kernel.target.forward_varlen(q, k, v, cu_q, cu_k, *max_lengths, **masking),
+        lambda q, k, v, cu_q, cu_k: target.forward_varlen(q, k, v, cu_q, cu_k, *max_lengths, **masking),
         reproduction,
     )  # fmt: skip
     if spec.backward if backward is None else backward:
-        handed = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
+        handed: dict[str, torch.Tensor | None] = {"dout": packed.dout, "q": packed.q, "k": packed.k, "v": packed.v}
         handed |= {"out": outputs["out"].clone(), "lse": outputs["lse"].clone() if "lse" in outputs else None, **sequences}
         outputs |= call_entry(
             kernel, "backward_varlen", handed, GRADIENTS, layouts, packed.q.device,
-            lambda dout, q, k, v, out, lse, cu_q, cu_k: kernel.target.backward_varlen(
+            lambda dout, q, k, v, out, lse, cu_q, cu_k: target.backward_varlen(
                 dout, q, k, v, out, lse, cu_q, cu_k, *max_lengths, deterministic=spec.deterministic, **masking
             ), reproduction,
         )  # fmt: skip

@@ -22,7 +22,7 @@ million splits declared for eight keys is held to eight.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fa2_verify.core.errors import KernelLoadError
@@ -36,6 +36,7 @@ def _non_finite(value: Any, path: str) -> str | None:
     """The path of the first non-finite float in ``value`` (mappings and sequences walked), or None."""
     if isinstance(value, float):
         return None if math.isfinite(value) else path
+    items: Iterable[tuple[Any, Any]]
     if isinstance(value, Mapping):
         items = value.items()
     elif isinstance(value, (list, tuple)):

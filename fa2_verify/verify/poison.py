@@ -62,14 +62,14 @@ def poisoned(
         _prime_cuda_allocator(device, outputs)
     deterministic = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    fill = torch.utils.deterministic.fill_uninitialized_memory
+    fill = torch.utils.deterministic.fill_uninitialized_memory  # type: ignore[attr-defined]  # set on the module's class
     try:
         with warnings.catch_warnings():
             for message in _NONDETERMINISTIC_WARNINGS:
                 warnings.filterwarnings("ignore", message=message, category=UserWarning)
             torch.use_deterministic_algorithms(True, warn_only=True)
-            torch.utils.deterministic.fill_uninitialized_memory = True
+            torch.utils.deterministic.fill_uninitialized_memory = True  # type: ignore[attr-defined]
             yield
     finally:
-        torch.utils.deterministic.fill_uninitialized_memory = fill
+        torch.utils.deterministic.fill_uninitialized_memory = fill  # type: ignore[attr-defined]
         torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from fa2_verify.core.contract import DEVICE_TYPES, Capabilities
+from fa2_verify.core.contract import DEVICE_TYPES, Capabilities, KernelTarget
 from fa2_verify.core.errors import DeviceUnavailable, KernelLoadError, UsageError
 from fa2_verify.verify import kernel_config
 from fa2_verify.verify.user_code import UserCodeRaised, call_user_code
@@ -43,10 +43,14 @@ BUNDLED: dict[str, str] = {
 
 @dataclasses.dataclass(frozen=True)
 class LoadedKernel:
-    """A target together with the name it was asked for by; its ``capabilities`` read as the class."""
+    """A target together with the name it was asked for by; its ``capabilities`` read as the class.
+
+    ``target`` has the contract's ``forward`` and ``capabilities`` (:func:`load_kernel` checks them); its
+    optional members (:class:`~core.contract.KernelHooks`, the varlen entry points) are read with ``getattr``.
+    """
 
     name: str
-    target: Any
+    target: KernelTarget
 
     def call_hook(self, hook: str, call: Callable[[], Any]) -> Any:
         """``call()``, the target's ``hook``; anything it raises is a :class:`KernelLoadError` naming the hook."""
@@ -68,10 +72,10 @@ class LoadedKernel:
         except UsageError as exc:
             raise KernelLoadError(f"kernel {self.name!r}: {exc}") from None
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.target.forward(*args, **kwargs)
 
-    def backward(self, *args, **kwargs):
+    def backward(self, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return self.target.backward(*args, **kwargs)
 
     def unavailable_reason(self, device: str | None = None) -> str | None:

@@ -242,7 +242,7 @@ def kernel_version(kernel: LoadedKernel) -> str:
     declared = kernel.call_hook("version", lambda: getattr(kernel.target, "version", None))
     if isinstance(declared, str) and declared:
         return declared
-    module = getattr(kernel.target, "__module__", None) or getattr(kernel.target, "__name__", "")
+    module: Any = getattr(kernel.target, "__module__", None) or getattr(kernel.target, "__name__", "")
     top = module.split(".")[0]
     if top != "kernels":
         for distribution in importlib.metadata.packages_distributions().get(top, []):

@@ -81,7 +81,7 @@ def sanitized(results: list[CaseResult], kernel: str, device: str, spec: dict[st
     notes: dict[str, str] = {}
     annotated = []
     for result in results:
-        if result.status == "error" and FAULTED in result.reason:
+        if result.status == "error" and FAULTED in (result.reason or ""):
             record = spec if spec is not None else result.spec.to_dict()
             key = json.dumps(record, sort_keys=True)
             if key not in notes:

@@ -40,7 +40,7 @@ import os
 import posix
 import signal
 import threading
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, NoReturn, TypeVar
 
 Result = TypeVar("Result")
 
@@ -76,7 +76,7 @@ def end_process(status: int) -> None:
     _REAL_EXIT(status)
 
 
-def _stand_in(status: int) -> None:
+def _stand_in(status: int) -> NoReturn:
     """``os._exit`` while user code runs: note ``status`` for every call running in this process and raise
     :class:`KernelExited`; in a process forked from it (no call runs there), the real exit."""
     with _running_lock:

@@ -107,7 +107,14 @@ def forward_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen
 # --------------------------------------------------------------------------- backward
 
 
-def backward_tensors(dout, q, k, v, out, lse, separate_dq: bool) -> tuple[torch.Tensor, ...]:
+#: (dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv), :func:`backward_tensors`.
+BackwardTensors = tuple[
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+    torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+]
+
+
+def backward_tensors(dout, q, k, v, out, lse, separate_dq: bool) -> BackwardTensors:
     """(dout, q, k, v, out, lse, delta, dq_target, dq, dk, dv) as the backward kernels get them: inputs with
     a unit head_dim stride, a contiguous lse, new gradients, the delta rows and where dQ accumulates
     (an fp32 buffer of atomic adds, or dq itself when a pass of its own computes it)."""

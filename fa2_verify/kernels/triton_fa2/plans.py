@@ -108,7 +108,8 @@ def _mask_and_sizes(problem: Problem) -> tuple[int, int, int]:
 
 def _in_units(tensor, varlen: bool) -> tuple[int, int, int]:
     unit = stride_unit(tensor, varlen)
-    return tuple(stride // unit for stride in strides(tensor, varlen))
+    along_0, along_1, along_2 = (stride // unit for stride in strides(tensor, varlen))
+    return along_0, along_1, along_2
 
 
 def lse_strides(problem: Problem, total_q: int) -> tuple[int, int]:
@@ -164,7 +165,7 @@ def forward(problem: Problem, q, k, v, out, lse, tile: TileConfig, tma: bool) ->
         q, k, v, out, lse, problem.cu_seqlens_q, problem.cu_seqlens_k,
         *_in_units(q, varlen), *_in_units(k, varlen), *_in_units(v, varlen), *_in_units(out, varlen),
         *lse_strides(problem, q.shape[0]),
-        problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E, *_mask_and_sizes(problem),
+        problem.seqlen_q, problem.seqlen_k, problem.group, problem.scale * LOG2E, *_mask_and_sizes(problem),
     )
     constexprs = dict(BLOCK_D=problem.block_d, EVEN_D=_even(problem), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
                       VARLEN=varlen, DOT_PRECISION=dot_precision(problem.torch_dtype), USE_TMA=tma,
@@ -192,8 +193,8 @@ def _backward_common(problem: Problem, q, k, v, dout) -> tuple[dict[str, Any], t
                       DOT_PRECISION=dot_precision(problem.torch_dtype),
                       Q_UNIT=stride_unit(q, varlen), K_UNIT=stride_unit(k, varlen), V_UNIT=stride_unit(v, varlen),
                       DO_UNIT=stride_unit(dout, varlen))
-    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.softmax_scale * LOG2E,
-               problem.softmax_scale, *_mask_and_sizes(problem))
+    scalars = (problem.seqlen_q, problem.seqlen_k, problem.group, problem.scale * LOG2E,
+               problem.scale, *_mask_and_sizes(problem))
     return constexprs, scalars
 
 

@@ -207,6 +207,7 @@ def check_backward_extras(problem: Problem, q: torch.Tensor, dout, out, lse) -> 
             raise UsageError(f"{name}.shape={tuple(tensor.shape)} differs from q.shape={tuple(q.shape)}: they must match")
     _check_same(("q", "dout", "out"), (q, dout, out))
     _require_tensor("lse", lse)
+    expected: tuple[int, ...]
     if problem.varlen:
         expected = (problem.heads_q, q.shape[0])
     else:

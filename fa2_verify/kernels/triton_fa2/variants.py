@@ -63,6 +63,8 @@ def _inputs(spec: CaseSpec, varlen: bool, layout: str) -> tuple[torch.Tensor, ..
     if varlen:
         seqlens = getattr(spec, "seqlens")
         total_q, total_k = sum(q for q, _ in seqlens), sum(k for _, k in seqlens)
+        q_shape: tuple[int, ...]
+        k_shape: tuple[int, ...]
         q_shape, k_shape = (total_q, spec.heads_q, spec.head_dim), (total_k, spec.heads_kv, spec.head_dim)
         return tuple(to_layout(torch.empty((1, *shape), dtype=dtype, device=_META), layout)[0]
                      for shape in (q_shape, k_shape, k_shape, q_shape))
