@@ -18,8 +18,8 @@
 # compiles whatever is missing on its own).  With FA2_MPS=1 on a GPU it starts
 # NVIDIA's Multi-Process Service for the run (and stops it at exit), so the
 # workers' small golden and comparison kernels share the GPU instead of
-# time-slicing it one process at a time (docs/benchmarks.md: 37% fewer
-# worker-seconds on a warm `ci` run on one H100).  Opt-in: it changes how every
+# time-slicing it one process at a time (docs/benchmarks.md: a warm `ci` run
+# on one H100 in 52.6 s instead of 77.0 s).  Opt-in: it changes how every
 # process on the runner uses the GPU.  On the CPU the triton kernel runs under
 # Triton's interpreter (TRITON_INTERPRET=1), with every memory access it makes
 # bounds-checked (--fa2-bounds-check, docs/properties.md).

@@ -4,8 +4,8 @@
 that copies the start of q from one element too early: a read one element
 before its input.  What it reads never reaches the outputs, so every property
 passes unless the bounds check is on, as with a kernel whose masked-off row
-lies before its tensor (docs/benchmarks.md, "The suite after the search
-changes").  The copy's source is :func:`~fa2_verify.core.layouts.guarded`,
+lies before its tensor (lab/benchmarks-history.md, "The suite after the
+search changes").  The copy's source is :func:`~fa2_verify.core.layouts.guarded`,
 so the stray element lies in its guard, outside every argument.  Runs under
 ``TRITON_INTERPRET=1``.
 """

@@ -4,7 +4,9 @@
 named (as ``ci/NAME``) by the GPU workflow, README.md or docs/*.md.  The
 project's own measurements (device sessions, third-party builds, probes) live
 in ``lab/``, every file of it named in lab/README.md, and no test imports
-from ``lab``: the product's tests must pass without it.
+from ``lab``: the product's tests must pass without it.  docs/benchmarks.md
+gives the current results only, in at most :data:`BENCHMARKS_PAGE_LINES`
+lines; the earlier ones are in lab/benchmarks-history.md.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ PRODUCT_CI = frozenset({
 })
 #: Not committed: what ``npm ci --prefix ci`` installs.
 CI_IGNORED = frozenset({"node_modules"})
+#: The most lines docs/benchmarks.md, the page of current results, may have.
+BENCHMARKS_PAGE_LINES = 400
+BENCHMARKS_HISTORY = "lab/benchmarks-history.md"
 
 
 def lab_imports(path: pathlib.Path) -> list[str]:
@@ -55,6 +60,11 @@ def product_text() -> str:
     """Where the product's CI is named: the workflow, README.md and docs/*.md."""
     paths = [ROOT / ".github" / "workflows" / "gpu-verify.yml", ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     return "\n".join(path.read_text() for path in paths)
+
+
+def page_overflow(path: pathlib.Path, limit: int) -> int:
+    """How many lines ``path`` has beyond ``limit`` (0 when it fits)."""
+    return max(0, len(path.read_text().splitlines()) - limit)
 
 
 def unnamed_lab_files(lab: pathlib.Path) -> list[str]:
@@ -120,3 +130,19 @@ def test_lab_scripts_pass_shellcheck():
     """The lab's shell scripts stay linted like the product's (tests/test_workflow.py)."""
     completed = shellcheck(list(LAB.rglob("*.sh")))
     assert completed.returncode == 0, completed.stdout
+
+
+def test_the_benchmarks_page_holds_current_results_within_its_limit():
+    page = ROOT / "docs" / "benchmarks.md"
+    assert not page_overflow(page, BENCHMARKS_PAGE_LINES), (
+        f"docs/benchmarks.md is {page_overflow(page, BENCHMARKS_PAGE_LINES)} lines over {BENCHMARKS_PAGE_LINES}: "
+        f"move superseded results to {BENCHMARKS_HISTORY}")
+    assert (ROOT / BENCHMARKS_HISTORY).is_file() and BENCHMARKS_HISTORY in page.read_text()
+
+
+def test_the_page_check_counts_the_lines_over_the_limit(tmp_path):
+    page = tmp_path / "benchmarks.md"
+    page.write_text("line\n" * 401)
+    assert page_overflow(page, 400) == 1
+    page.write_text("line\n" * 400)
+    assert page_overflow(page, 400) == 0

@@ -8,7 +8,7 @@ descriptor loads the kernels use there.  Inputs are guarded and drawn in the
 property suite's memory layouts; lengths sit at and around the tile edges.
 Prints every case that touched memory outside its tensors; exit status 1 if
 any did.  It found the varlen row -1 load that faulted an H100
-(docs/benchmarks.md, "The suite after the search changes")::
+(lab/benchmarks-history.md, "The suite after the search changes")::
 
     PYTHONPATH=. TRITON_INTERPRET=1 python lab/probes/probe_bounds.py --cases 150 --seed 1 [--tma] [--varlen]
 """
