@@ -7,6 +7,8 @@ checks that each property catches its breaker.  :data:`RANDOM_ORDER_DQ`,
 :class:`GqaRandomOrderDkDv` and :data:`VARLEN_BY_LOOP` are correct kernels:
 the positive controls of the dQ spread bound, of the declared GQA dK/dV
 order (the test varies its declaration), and of the varlen property.
+:class:`DriftingOrderDq` is the race of ``fa2-verify race`` (tests/test_race.py):
+broken when it declares a deterministic backward, correct when it does not.
 :class:`SmallHeadDimsFailToCompile` wraps any kernel with a kernel error at a
 declared shape (docs/properties.md, "Kernel errors").
 """
@@ -167,10 +169,31 @@ class RandomOrderDq(_Broken):
         ds = (p * (dp - delta)).float()
         blocks = list(range(0, k.shape[1], 16))
         accumulator = torch.zeros(q.shape, dtype=torch.float32)
-        for start in (blocks[i] for i in torch.randperm(len(blocks)).tolist()):
+        for start in (blocks[i] for i in self.block_order(len(blocks))):
             block = slice(start, start + 16)
             accumulator += softmax_scale * torch.einsum("bhij,bjhc->bihc", ds[..., block], keys[:, block].float())
         return accumulator.to(dq.dtype), dk, dv
+
+    def block_order(self, count: int) -> list[int]:
+        """The order in which this call adds the ``count`` key blocks' contributions: a fresh random one."""
+        return torch.randperm(count).tolist()
+
+
+class DriftingOrderDq(RandomOrderDq):
+    """dQ of float32 key-block contributions (blocks of 16) added in a fixed order, except on every
+    ``period``-th call of the process (a per-call counter), which adds them in reverse, in either backward
+    mode: a race that shows once in ``period`` calls.  Reordering changes only float32 rounding, within
+    the atomic-dQ bound; with ``declares_deterministic`` the kernel also declares a deterministic backward,
+    a bitwise promise its ``deterministic=True`` dQ breaks (FA3's flag dropped in flash-attn PR #1766)."""
+
+    def __init__(self, period: int, declares_deterministic: bool) -> None:
+        self.period, self.calls = period, 0
+        self.capabilities = dataclasses.replace(DEFERRED.capabilities, deterministic_backward=declares_deterministic)
+
+    def block_order(self, count: int) -> list[int]:
+        self.calls += 1
+        order = list(range(count))
+        return order[::-1] if self.calls % self.period == 0 else order
 
 
 class GqaRandomOrderDkDv(_Broken):
@@ -232,5 +255,8 @@ NOISY_DQ = NoisyDq()
 VARLEN_OVERRUN = VarlenByLoop(overrun=1)
 VARLEN_BY_LOOP = VarlenByLoop()
 RANDOM_ORDER_DQ = RandomOrderDq()
+#: A race once in 8 calls: declaring a deterministic backward (broken) and not (correct).
+DRIFTING_DQ_DECLARED_DETERMINISTIC = DriftingOrderDq(period=8, declares_deterministic=True)
+DRIFTING_DQ = DriftingOrderDq(period=8, declares_deterministic=False)
 SMALL_HEAD_DIMS_FAIL = SmallHeadDimsFailToCompile(DEFERRED)
 SMALL_HEAD_DIMS_FAIL_LSE_BASE2 = SmallHeadDimsFailToCompile(mutants.LSE_BASE2)

@@ -33,6 +33,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "fa2_verify.cli.commands.kernels",
     "fa2_verify.cli.commands.run",
     "fa2_verify.cli.commands.repro",
+    "fa2_verify.cli.commands.race",
     "fa2_verify.cli.commands.baseline",
     "fa2_verify.cli.commands.gate",
     "fa2_verify.cli.commands.corpus",

@@ -1,4 +1,5 @@
-"""The run-to-run spread that atomic dQ accumulation may show (docs/error-model.md, "Determinism of atomic dQ").
+"""The run-to-run comparisons: bitwise equality, and the spread that atomic dQ accumulation may show
+(docs/error-model.md, "Determinism of atomic dQ").
 
 In FA2's backward (Dao 2023, Algorithm 2, line 15) each key block ``b``
 computes its contribution ``c_b = scale * sum_{j in b} dS_ij K_jc`` to a row of
@@ -36,8 +37,20 @@ from typing import Any
 import torch
 
 from fa2_verify.core.case import Case
+from fa2_verify.properties import relations
 from fa2_verify.verify.error_model import accumulation_unit, underflow_unit
-from fa2_verify.verify.metrics import ulp
+from fa2_verify.verify.metrics import OutputComparison, ulp
+
+def bitwise(name: str, first: torch.Tensor, again: torch.Tensor) -> OutputComparison:
+    """Bitwise equality as a comparison with tolerance 1 and threshold 0: any difference mismatches.
+
+    The tolerance lives on the outputs' device: :func:`relations.compare_runs`
+    compares on the tolerance's device, and at scale a host copy of the outputs
+    costs minutes.
+    """
+    tolerance = torch.ones(first.shape, dtype=torch.float64, device=first.device)
+    return relations.compare_runs(name, first, again, tolerance, threshold=0.0)
+
 
 #: Slack on the magnitudes in M for the kernel's rounding of P, dP and D.
 MAGNITUDE_SLACK = 1 + 2**-3

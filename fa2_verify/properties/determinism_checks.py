@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import torch
-
 from fa2_verify.properties import relations
-from fa2_verify.properties.determinism import dq_spread_bound
+from fa2_verify.properties.determinism import bitwise, dq_spread_bound
 from fa2_verify.verify.kernel_config import declared_block_k
 from fa2_verify.properties.session import Suite
 from fa2_verify.properties.verdicts import call_kernel, conclude, golden_of, introduce
 from fa2_verify.core.case import CaseSpec, make_case
-from fa2_verify.verify.metrics import OutputComparison
-
-
-def _bitwise(name: str, first: torch.Tensor, again: torch.Tensor) -> OutputComparison:
-    """Bitwise equality as a comparison with tolerance 1 and threshold 0: any difference mismatches.
-
-    The tolerance lives on the outputs' device: :func:`relations.compare_runs`
-    compares on the tolerance's device, and at scale a host copy of the outputs
-    costs minutes.
-    """
-    tolerance = torch.ones(first.shape, dtype=torch.float64, device=first.device)
-    return relations.compare_runs(name, first, again, tolerance, threshold=0.0)
 
 
 def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats: int) -> None:
@@ -31,7 +17,7 @@ def reproducible(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...], repeats
     introduce(suite, spec)
     case = make_case(spec, suite.device)
     runs = call_kernel(suite, spec, outputs[0], *([case] * (1 + repeats)))
-    comparisons = [_bitwise(name, runs[0][name], again[name]) for again in runs[1:] for name in outputs]
+    comparisons = [bitwise(name, runs[0][name], again[name]) for again in runs[1:] for name in outputs]
     conclude(suite, spec, statement, comparisons)
 
 
