@@ -33,7 +33,7 @@ The verdicts, on ``golden`` as the reference (flash-attn's tests use an
 ``attention_ref`` in float32 where this uses the float64 golden; the golden is
 the more exact reference, so their rules only gain from it):
 
-* fa2-verify: :func:`compare_outputs`, caught when any output fails; the
+* fa2-verify: :class:`verify.check.OutputJudge`, caught when any output fails; the
   verdict that failed is named (``worst-case``: an element past its bound;
   ``statistical`` and ``local``: the verdicts whose score exceeds 1, where the
   comparison carries them);
@@ -67,7 +67,7 @@ import torch
 
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import Fa2VerifyError, UsageError
-from fa2_verify.verify import check, error_model, lowprec, metrics
+from fa2_verify.verify import check, error_model, metrics
 from fa2_verify.verify.atomic import check_writable, write_text_atomic
 from fa2_verify.verify.kernel_call import run_case
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
@@ -102,33 +102,6 @@ class Config:
 
     def label(self) -> str:
         return f"{self.length} {self.dtype} {'causal' if self.causal else 'none'}"
-
-
-def compare_outputs(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor], golden: Any, *,
-                    bounds: dict[str, torch.Tensor] | None = None,
-                    naive: dict[str, torch.Tensor] | None = None) -> dict[str, metrics.OutputComparison]:
-    """Every output of ``actual`` against the golden, as ``check`` compares a case's outputs.
-
-    TODO(compare_outputs): a shim of ``fa2_verify.verify.check.compare_outputs``, being added on main; replace
-    it by that function at merge.  ``bounds`` and ``naive``, when given, are those of ``case``, computed once.
-    """
-    bounds = check.bounds_for(kernel, case, golden) if bounds is None else bounds
-    naive = lowprec.naive_attention(case) if naive is None else naive
-    return {
-        name: metrics.compare(name, tensor, getattr(golden, name), bounds[name],
-                              threshold=error_model.THRESHOLDS[name], lowprec=naive.get(name))
-        for name, tensor in actual.items()
-    }
-
-
-def failed_verdicts(comparison: metrics.OutputComparison) -> list[str]:
-    """The verdicts of one comparison that failed: worst-case, and statistical or local where present."""
-    failed = ["worst-case"] if comparison.mismatches > 0 else []
-    for verdict in ("statistical", "local"):
-        record = getattr(comparison, verdict, None)
-        if record is not None and float(record["score"]) > 1:
-            failed.append(verdict)
-    return failed
 
 
 def _visible_blocks(case: Case, golden: Any, keys: slice) -> Iterator[tuple[int, slice, slice, torch.Tensor]]:
@@ -201,15 +174,15 @@ class Setting:
         self.case = make_case(spec, device)
         self.golden = check.golden_for(self.case)
         self.correct = run_case(kernel, self.case)
-        self.naive = lowprec.naive_attention(self.case)
-        self.bounds = check.bounds_for(kernel, self.case, self.golden)
+        self.judge = check.OutputJudge(kernel, self.case, self.golden, self.correct)
+        self.naive = self.judge.naive
         self.baseline = self._compare(self.correct)
         self.reference_error = {name: self._max_error(self.naive[name], name) for name in FIELD_OUTPUTS}
         self.noise_atol = {name: self._rounding_atol(name) for name in FIELD_OUTPUTS}
         self.generator = torch.Generator(device="cpu").manual_seed(spec.seed)
 
     def _compare(self, actual: dict[str, torch.Tensor]) -> dict[str, metrics.OutputComparison]:
-        return compare_outputs(self.kernel, self.case, actual, self.golden, bounds=self.bounds, naive=self.naive)
+        return self.judge.compare(actual)
 
     def _max_error(self, tensor: torch.Tensor, name: str) -> float:
         """``max |tensor - golden|``; a NaN counts as an infinite error, as the field's asserts fail on it."""
@@ -226,7 +199,7 @@ class Setting:
         result = {}
         if "fa2-verify" in rules:
             comparisons = self.baseline | self._compare(changed)
-            failed = sorted({verdict for comparison in comparisons.values() for verdict in failed_verdicts(comparison)})
+            failed = sorted({verdict for comparison in comparisons.values() for verdict in comparison.failed_verdicts})
             caught = not all(comparison.passed for comparison in comparisons.values())
             result["fa2-verify"] = ("+".join(failed) or "failed") if caught else ""
         actual = self.correct | changed

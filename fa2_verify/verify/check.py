@@ -71,29 +71,46 @@ def bounds_for(kernel: LoadedKernel, case: Case, golden: Any) -> dict[str, torch
     return error_model.first_order_bounds(case, golden, partials)
 
 
+@dataclasses.dataclass
+class OutputJudge:
+    """What every output of one case is judged against: the golden, the error model's bounds (with the partial
+    sums the kernel declares), the naive low-precision attention for the flash-attn ratio, and for a 16-bit case
+    the model kernel (:mod:`verify.model_kernel`) whose backward starts from ``forward`` (the kernel's ``out``
+    and ``lse``), with the outputs it judges (:func:`verify.noise_verdicts.judged_outputs`).  Built once, it judges any outputs of the case (:meth:`compare`)."""
+
+    kernel: LoadedKernel
+    case: Case
+    golden: Any
+    forward: dict[str, torch.Tensor]
+
+    def __post_init__(self) -> None:
+        self.bounds = bounds_for(self.kernel, self.case, self.golden)
+        self.naive = lowprec.naive_attention(self.case)
+        partials = error_model.PartialSums.of(self.kernel.config(), self.case.q.device, self.case.spec.seqlen_q)
+        self.judged = noise_verdicts.judged_outputs(self.case.spec, partials)
+        self.model = model_kernel.model_attention(self.case, self.forward) if self.judged else {}
+
+    def compare(self, actual: dict[str, torch.Tensor]) -> dict[str, metrics.OutputComparison]:
+        """Each of ``actual`` under the three verdicts: the worst-case one (:func:`metrics.compare`, the
+        flash-attn ratio beside it), and where they apply the statistical and local ones
+        (:func:`verify.noise_verdicts.judge`).  An output passes when every verdict does."""
+        comparisons = {}
+        for name, tensor in actual.items():
+            expected = getattr(self.golden, name)
+            comparison = metrics.compare(name, tensor, expected, self.bounds[name],
+                                         threshold=error_model.THRESHOLDS[name], lowprec=self.naive.get(name))
+            if name in self.judged:
+                statistical, local = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.model)
+                comparison = dataclasses.replace(comparison, statistical=statistical, local=local)
+                comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
+            comparisons[name] = comparison
+        return comparisons
+
+
 def compare_outputs(kernel: LoadedKernel, case: Case, actual: dict[str, torch.Tensor],
                     golden: Any) -> dict[str, metrics.OutputComparison]:
-    """Each of ``actual`` (the kernel's outputs of ``case``) against ``golden`` under the three verdicts.
-
-    The worst-case verdict (the error model's bounds, :func:`metrics.compare`, with the flash-attn ratio
-    beside it); for a 16-bit case also the statistical and local verdicts against the model kernel with the
-    kernel's declared partial sums (:mod:`verify.noise_verdicts`).  An output passes when every verdict does.
-    """
-    bounds = bounds_for(kernel, case, golden)
-    partials = error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
-    naive = lowprec.naive_attention(case)
-    model = model_kernel.model_attention(case, partials, actual) if noise_verdicts.applies(case.spec) else {}
-    comparisons = {}
-    for name, tensor in actual.items():
-        expected = getattr(golden, name)
-        comparison = metrics.compare(name, tensor, expected, bounds[name], threshold=error_model.THRESHOLDS[name],
-                                     lowprec=naive.get(name))
-        if name in model:
-            statistical, local = noise_verdicts.judge(case.spec, name, tensor, expected, model)
-            comparison = dataclasses.replace(comparison, statistical=statistical, local=local)
-            comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
-        comparisons[name] = comparison
-    return comparisons
+    """Each of ``actual`` (the kernel's outputs of ``case``) against ``golden`` (:class:`OutputJudge`)."""
+    return OutputJudge(kernel, case, golden, actual).compare(actual)
 
 
 def _compared(

@@ -7,8 +7,7 @@ times the real noise passes it.  These two verdicts measure the noise
 instead (docs/error-model.md, "Statistical and local verdicts"):
 
 * the **model kernel** (:mod:`verify.model_kernel`) computes the case with
-  FlashAttention-2's numerics in the case dtype, the kernel's declared partial
-  sums included, and its error ``e^M = |M - golden|`` is the rounding noise a
+  FlashAttention-2's numerics in the case dtype, and its error ``e^M = |M - golden|`` is the rounding noise a
   correct kernel makes on these inputs;
 * each element's **noise unit** is the largest model error in its tile
   (:data:`TILE` rows of one batch and head, or keys of one batch and kv
@@ -32,7 +31,8 @@ where the exponentials' argument error ``u_a (|S_ij| + M_i)`` of eq. (1) is
 small next to ``u``: ``u_a (2 M_i + 1) <= u / 8`` (:func:`premise`); dK and dV
 of a (batch, kv head) only when every row of its query heads qualifies.
 Elsewhere, as for logits far below zero where float32 cannot resolve
-``S - m`` to ``u``, the worst-case verdict alone judges.  Rows that see no
+``S - m`` to ``u``, and for the outputs a kernel accumulates in partial sums
+rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.  Rows that see no
 key, and keys that no row sees, are exact and take no part in the local
 statistics.
 """
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.verify.error_model import accumulation_unit, unit_roundoff
+from fa2_verify.verify.error_model import PartialSums, accumulation_unit, unit_roundoff
 from fa2_verify.verify.metrics import tensor_path, ulp
 
 #: Tokens (query rows, or keys for dK and dV) per tile: the noise unit's neighbourhood and a local group.
@@ -70,16 +70,28 @@ DTYPES = (torch.float16, torch.bfloat16)
 #: Per output: whether its tokens are keys, and the permutation to (batch, head, token, channel).
 _LAYOUT = {
     "out": ("rows", (0, 2, 1, 3)),
+    "lse": ("rows", None),
     "dq": ("rows", (0, 2, 1, 3)),
     "dk": ("keys", (0, 2, 1, 3)),
     "dv": ("keys", (0, 2, 1, 3)),
-    "lse": ("rows", None),
 }
 
 
-def applies(spec: CaseSpec) -> bool:
-    """Whether the statistical and local verdicts judge ``spec`` (a 16-bit case)."""
-    return spec.torch_dtype in DTYPES
+def judged_outputs(spec: CaseSpec, partials: PartialSums) -> tuple[str, ...]:
+    """The outputs of ``spec`` the statistical and local verdicts judge: none for a case that is not 16-bit;
+    else all but those the kernel accumulates in partial sums rounded to ``T`` (``partials``, eqs. 2b, 7b to
+    9b): there intermediate roundings to ``T`` join the final one, with a structure the model kernel does not
+    copy, so the premise that the model's noise is the kernel's no longer holds."""
+    if spec.torch_dtype not in DTYPES:
+        return ()
+    declared = set()
+    if partials.out_splits is not None and partials.out_splits > 1:
+        declared.add("out")
+    if partials.dq_keys is not None:
+        declared.add("dq")
+    if partials.dkv_rows is not None:
+        declared.update(("dk", "dv"))
+    return tuple(name for name in _LAYOUT if name not in declared)
 
 
 def _canonical(output: str, tensor: torch.Tensor) -> torch.Tensor:
