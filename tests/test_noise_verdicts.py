@@ -58,7 +58,11 @@ def test_the_models_own_outputs_have_r_at_most_one(causal_case):
     case, golden = causal_case
     model = model_attention(case)
     for name in OUTPUTS:
-        r, _ = noise_verdicts.noise_units(case.spec, name, model[name], getattr(golden, name), model[name])
+        r, unit = noise_verdicts.noise_units(case.spec, name, model[name], getattr(golden, name), model[name])
+        tokens = case.spec.seqlen_k if name in ("dk", "dv") else case.spec.seqlen_q
+        heads = case.spec.heads_kv if name in ("dk", "dv") else case.spec.heads_q
+        channels = 1 if name == "lse" else case.spec.head_dim
+        assert r.shape == unit.shape == (case.spec.batch, heads, tokens, channels)
         assert float(r.max()) <= 1.0
 
 

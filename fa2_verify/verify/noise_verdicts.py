@@ -128,7 +128,7 @@ def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.
     keys = (last - first + 1).clamp(min=1).to(torch.float64)
     u_f = 4 * accumulation_unit(spec.torch_dtype)
     finite = torch.where(torch.isfinite(expected), expected, 0.0)
-    return ulp(finite, torch.float32) + u_f * (1 + torch.log(keys))
+    return ulp(finite, torch.float32) + u_f * (1 + torch.log(keys))[:, None]
 
 
 #: The premise's margin: the exponentials' argument error at most ``u / PREMISE_MARGIN``.
