@@ -100,7 +100,8 @@ class OutputJudge:
             comparison = metrics.compare(name, tensor, expected, self.bounds[name],
                                          threshold=error_model.THRESHOLDS[name], lowprec=self.naive.get(name))
             if name in self.judged:
-                statistical, local = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.model)
+                statistical, local = noise_verdicts.judge(self.case.spec, name, tensor, expected,
+                                                         self.bounds[name], self.model)
                 comparison = dataclasses.replace(comparison, statistical=statistical, local=local)
                 comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
             comparisons[name] = comparison

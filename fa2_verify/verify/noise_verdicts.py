@@ -107,17 +107,24 @@ def _tiles(values: torch.Tensor) -> torch.Tensor:
     return padded.reshape(batch, heads, -1, TILE * channels)
 
 
-def _active_tokens(spec: CaseSpec, output: str, device: torch.device) -> torch.Tensor:
-    """Bool (tokens,): rows that see a key (``out``, ``lse``, ``dq``), or keys that a row sees (``dk``, ``dv``)."""
+def _terms(spec: CaseSpec, output: str, device: torch.device) -> torch.Tensor:
+    """Int64 (tokens,): the keys each row sees (``out``, ``lse``, ``dq``), or the rows that see each key times
+    the query heads of a group (``dk``, ``dv``): how many terms the token's sums have."""
     first, last = spec.visible_ranges(device)
     if _LAYOUT[output][0] == "rows":
-        return first <= last
-    key = torch.arange(spec.seqlen_k, device=device)
+        return (last - first + 1).clamp(min=0)
+    group = spec.heads_q // spec.heads_kv
     seen = torch.zeros(spec.seqlen_k + 1, dtype=torch.int64, device=device)
     rows = first <= last
     seen.index_add_(0, first[rows], torch.ones_like(first[rows]))
     seen.index_add_(0, last[rows] + 1, -torch.ones_like(last[rows]))
-    return seen.cumsum(0)[key] > 0
+    return group * seen.cumsum(0)[: spec.seqlen_k]
+
+
+def fewest_terms(dtype: torch.dtype) -> int:
+    """``u / (16 u_a)``: 512 for float16, 4096 for bfloat16.  Below it the worst-case accumulation term
+    ``gamma_{2n}`` is under ``u / 8`` and the worst-case bound is already about as sharp as the noise."""
+    return round(unit_roundoff(dtype) / (16 * accumulation_unit(dtype)))
 
 
 def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.Tensor:
@@ -136,21 +143,27 @@ PREMISE_MARGIN = 8
 
 
 def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tensor:
-    """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring).
+    """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring): tokens whose
+    sums have at least :func:`fewest_terms` terms, and rows whose exponentials' argument error is small next to
+    ``u`` (for ``dk``, ``dv``: every row of the (batch, kv head)).
 
     ``logit_max`` is the model's ``M_i`` (batch, heads_q, seqlen_q).
     """
     dtype = spec.torch_dtype
     rows = accumulation_unit(dtype) * (2 * logit_max.to(torch.float64) + 1) <= unit_roundoff(dtype) / PREMISE_MARGIN
+    long_sums = (_terms(spec, output, logit_max.device) >= fewest_terms(dtype))[None, None, :, None]
     if _LAYOUT[output][0] == "rows":
-        return rows[..., None]
+        return rows[..., None] & long_sums
     group = spec.heads_q // spec.heads_kv
-    return rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None]
+    return rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None] & long_sums
 
 
 def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
-                model: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                model: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(r, unit)`` as (batch, head, token, channel) float64 tensors: the kernel's error in noise units.
+
+    ``bound`` is the output's worst-case bound (:func:`verify.error_model.first_order_bounds`): it carries
+    each element's own scale into its tile's noise (module docstring).
 
     ``r`` is 0 where the golden is not finite (the worst-case verdict judges
     those elements) and ``+inf`` where the kernel is not finite but the golden
@@ -161,10 +174,16 @@ def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: tor
     actual = _canonical(output, actual.to(expected.device, torch.float64))
     model = _canonical(output, model.to(expected.device, torch.float64))
     finite = torch.isfinite(expected)
+    bound = _canonical(output, bound.to(expected.device, torch.float64))
+    bound = torch.where(finite, bound, 1.0)
     model_error = torch.where(finite, (model - expected).abs(), 0.0).nan_to_num(nan=math.inf)
-    tile_noise = _tiles(model_error).amax(-1)
     tokens = expected.shape[2]
-    noise = tile_noise.repeat_interleave(TILE, dim=2)[:, :, :tokens, None]
+
+    def per_tile(values: torch.Tensor) -> torch.Tensor:
+        """The tile maximum of ``values`` at each element."""
+        return _tiles(values).amax(-1).repeat_interleave(TILE, dim=2)[:, :, :tokens, None]
+
+    noise = torch.maximum(per_tile(model_error), bound * per_tile(model_error / bound))
     unit = noise + _own_rounding(spec, output, expected)
     error = torch.where(finite, (actual - expected).abs(), 0.0).nan_to_num(nan=math.inf)
     error = torch.where(finite & ~torch.isfinite(actual), math.inf, error)
@@ -223,7 +242,7 @@ def local(spec: CaseSpec, output: str, r: torch.Tensor, judged: torch.Tensor | N
     :data:`MIN_ROW_ELEMENTS` channels), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
     """
     batch, heads, tokens, channels = r.shape
-    weight = _active_tokens(spec, output, r.device)[None, None, :, None]
+    weight = (_terms(spec, output, r.device) > 0)[None, None, :, None]
     if judged is not None:
         weight = weight & judged
     weight = weight.to(torch.float64)
@@ -271,14 +290,14 @@ def _group_name(output: str, kind: str, index: list[int], tokens: int) -> str:
     return f"{_token_span(output, range(start, min(start + TILE, tokens)))} of {where}"
 
 
-def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
+def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
           model: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """``(statistical record, local record or None)`` of one output against the model kernel's outputs
     ``model`` (:func:`verify.model_kernel.model_attention`), where the premise holds (module docstring).
 
     The statistical record's ``judged`` is the share of the output's elements under the premise.
     """
-    r, unit = noise_units(spec, output, actual, expected, model[output])
+    r, unit = noise_units(spec, output, actual, expected, model[output], bound)
     judged = premise(spec, output, model["logit_max"].to(r.device))
     r = torch.where(judged, r, 0.0)
     record = statistical(output, r, unit)
