@@ -236,7 +236,7 @@ def _decoded_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """Inverse of :func:`_encoded_record`: the score and the other numbers back to floats."""
     if record is None:
         return None
-    numbers = ("score", "threshold", "r", "unit", "rms", "median", "ratio", "floor", "judged")
+    numbers = ("score", "threshold", "r", "unit", "rms", "model_rms", "ratio", "floor", "judged")
     return {key: decode_float(value) if key in numbers else value for key, value in record.items()}
 
 
@@ -597,9 +597,9 @@ def _noise_verdict_lines(comparison: OutputComparison) -> list[str]:
         )
     if local is not None and local["score"] > 1:
         lines.append(
-            f"  local: {local['group']}: RMS error {_number(local['rms'])} noise units against a median of "
-            f"{_number(local['median'])} over the {local['kind']}s (limit {_number(local['ratio'])} x "
-            f"max(median, {_number(local['floor'])}))"
+            f"  local: {local['group']}: RMS error {_number(local['rms'])} noise units where the model kernel's "
+            f"is {_number(local['model_rms'])} (limit {_number(local['ratio'])} x max(model's, "
+            f"{_number(local['floor'])}))"
         )
         others = [f"{kind} {name}" for kind, name in local["flagged"].items() if kind != local["kind"]]
         if others:

@@ -54,11 +54,11 @@ TILE = 64
 #: Largest ``r`` of a correct kernel: its error at most this many times the model's largest in the tile.
 STATISTICAL_THRESHOLD = 4.0
 
-#: A group is out of line when its RMS ``r`` exceeds this many times the median of its kind ...
+#: A group is out of line when its RMS ``r`` exceeds this many times the model's own RMS over the group ...
 LOCAL_RATIO = 4.0
 
-#: ... and this many noise units times :data:`LOCAL_RATIO`, so an output the model computes exactly
-#: (median ``r`` of 0) does not flag a group of one-ulp differences.
+#: ... taken as at least this many noise units, so that where the model is exact (RMS 0) a group of
+#: one-ulp differences (``r`` at most 2) is not flagged.
 LOCAL_FLOOR = 0.5
 
 #: Smallest group, in elements, of the local verdict's ``row`` kind (a row of ``lse`` is one element).
@@ -121,10 +121,11 @@ def _terms(spec: CaseSpec, output: str, device: torch.device) -> torch.Tensor:
     return group * seen.cumsum(0)[: spec.seqlen_k]
 
 
-def fewest_terms(dtype: torch.dtype) -> int:
-    """``u / (16 u_a)``: 512 for float16, 4096 for bfloat16.  Below it the worst-case accumulation term
-    ``gamma_{2n}`` is under ``u / 8`` and the worst-case bound is already about as sharp as the noise."""
-    return round(unit_roundoff(dtype) / (16 * accumulation_unit(dtype)))
+#: Fewest terms of a judged sum.  Below it the model's noise is a sample of a few roundings, too small to
+#: describe another order's (a sum of 3 terms may be exact in one order and not in another), and the
+#: worst-case bound is sharp: its accumulation term ``gamma_{2n}`` is at most ``256 u_a``, ``u / 32`` for
+#: float16 and ``u / 256`` for bfloat16.
+FEWEST_TERMS = 128
 
 
 def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.Tensor:
@@ -144,14 +145,14 @@ PREMISE_MARGIN = 8
 
 def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tensor:
     """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring): tokens whose
-    sums have at least :func:`fewest_terms` terms, and rows whose exponentials' argument error is small next to
+    sums have at least :data:`FEWEST_TERMS` terms, and rows whose exponentials' argument error is small next to
     ``u`` (for ``dk``, ``dv``: every row of the (batch, kv head)).
 
     ``logit_max`` is the model's ``M_i`` (batch, heads_q, seqlen_q).
     """
     dtype = spec.torch_dtype
     rows = accumulation_unit(dtype) * (2 * logit_max.to(torch.float64) + 1) <= unit_roundoff(dtype) / PREMISE_MARGIN
-    long_sums = (_terms(spec, output, logit_max.device) >= fewest_terms(dtype))[None, None, :, None]
+    long_sums = (_terms(spec, output, logit_max.device) >= FEWEST_TERMS)[None, None, :, None]
     if _LAYOUT[output][0] == "rows":
         return rows[..., None] & long_sums
     group = spec.heads_q // spec.heads_kv
@@ -159,8 +160,9 @@ def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tenso
 
 
 def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
-                model: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(r, unit)`` as (batch, head, token, channel) float64 tensors: the kernel's error in noise units.
+                model: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(r, r_model, unit)`` as (batch, head, token, channel) float64 tensors: the kernel's error and the
+    model's in noise units, and the unit.
 
     ``bound`` is the output's worst-case bound (:func:`verify.error_model.first_order_bounds`): it carries
     each element's own scale into its tile's noise (module docstring).
@@ -188,7 +190,8 @@ def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: tor
     error = torch.where(finite, (actual - expected).abs(), 0.0).nan_to_num(nan=math.inf)
     error = torch.where(finite & ~torch.isfinite(actual), math.inf, error)
     r = torch.where(error == 0, 0.0, error / unit)
-    return torch.where(torch.isinf(unit), 0.0, r), unit
+    r_model = torch.where(torch.isinf(unit), 0.0, model_error / unit)
+    return torch.where(torch.isinf(unit), 0.0, r), r_model, unit
 
 
 def _token_span(output: str, tokens: range) -> str:
@@ -233,35 +236,31 @@ def _group_rms(squares: torch.Tensor, weight: torch.Tensor, dims: tuple[int, ...
     return torch.sqrt(total / count.clamp(min=1)), count > 0
 
 
-def local(spec: CaseSpec, output: str, r: torch.Tensor, judged: torch.Tensor | None = None) -> dict[str, Any] | None:
+def local(spec: CaseSpec, output: str, r: torch.Tensor, r_model: torch.Tensor,
+          judged: torch.Tensor | None = None) -> dict[str, Any] | None:
     """The local verdict's record for the most out-of-line group (``score`` above 1 fails), with the most
-    out-of-line group of every kind that fails (``flagged``, kind to name), or None when no kind has two groups
-    to compare.
+    out-of-line group of every kind that fails (``flagged``, kind to name); None when no element is judged.
 
-    Kinds: ``row`` (one token of one batch and head, every channel; only with at least
-    :data:`MIN_ROW_ELEMENTS` channels), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
+    A group's kernel RMS of ``r`` against the model's own (``r_model``, the model's error in the same units)
+    over the same group: out of line above ``LOCAL_RATIO x max(model RMS, LOCAL_FLOOR)``.  Kinds: ``row`` (one
+    token of one batch and head, every channel; only with at least :data:`MIN_ROW_ELEMENTS` channels), ``tile``
+    (:data:`TILE` tokens), ``head`` and ``batch``.
     """
     batch, heads, tokens, channels = r.shape
     weight = (_terms(spec, output, r.device) > 0)[None, None, :, None]
     if judged is not None:
         weight = weight & judged
     weight = weight.to(torch.float64)
-    squares = r.square()
+    if not bool(weight.any()):
+        return None
     padded_weight = _tiles(weight.expand(*weight.shape[:2], tokens, channels))
-    kinds = {
-        "tile": _group_rms(_tiles(squares), padded_weight, (-1,)),
-        "head": _group_rms(squares, weight, (2, 3)),
-        "batch": _group_rms(squares, weight, (1, 2, 3)),
-    }
-    if channels >= MIN_ROW_ELEMENTS:
-        kinds["row"] = _group_rms(squares, weight, (3,))
     best, flagged = None, {}
-    for kind, (rms, present) in kinds.items():
-        values = rms[present]
-        if values.numel() < 2:
+    for kind in ("row", "tile", "head", "batch"):
+        if kind == "row" and channels < MIN_ROW_ELEMENTS:
             continue
-        median = float(values.median())
-        limit = LOCAL_RATIO * max(median, LOCAL_FLOOR)
+        rms, present = _group_rms_of(kind, r.square(), weight, padded_weight)
+        model_rms, _ = _group_rms_of(kind, r_model.square(), weight, padded_weight)
+        limit = LOCAL_RATIO * model_rms.clamp(min=LOCAL_FLOOR)
         scores = torch.where(present, rms / limit, 0.0)
         at = int(torch.argmax(scores.reshape(-1)))
         score = float(scores.reshape(-1)[at])
@@ -271,10 +270,19 @@ def local(spec: CaseSpec, output: str, r: torch.Tensor, judged: torch.Tensor | N
             flagged[kind] = name
         if best is None or score > best["score"]:
             best = {"score": score, "kind": kind, "group": name, "rms": float(rms.reshape(-1)[at]),
-                    "median": median, "ratio": LOCAL_RATIO, "floor": LOCAL_FLOOR}
-    if best is not None:
-        best["flagged"] = flagged
+                    "model_rms": float(model_rms.reshape(-1)[at]), "ratio": LOCAL_RATIO, "floor": LOCAL_FLOOR}
+    assert best is not None
+    best["flagged"] = flagged
     return best
+
+
+def _group_rms_of(kind: str, squares: torch.Tensor, weight: torch.Tensor,
+                  padded_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_group_rms` over the groups of ``kind``: each row, tile, head or batch."""
+    if kind == "tile":
+        return _group_rms(_tiles(squares), padded_weight, (-1,))
+    dims = {"row": (3,), "head": (2, 3), "batch": (1, 2, 3)}[kind]
+    return _group_rms(squares, weight, dims)
 
 
 def _group_name(output: str, kind: str, index: list[int], tokens: int) -> str:
@@ -297,9 +305,9 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
 
     The statistical record's ``judged`` is the share of the output's elements under the premise.
     """
-    r, unit = noise_units(spec, output, actual, expected, model[output], bound)
+    r, r_model, unit = noise_units(spec, output, actual, expected, model[output], bound)
     judged = premise(spec, output, model["logit_max"].to(r.device))
     r = torch.where(judged, r, 0.0)
     record = statistical(output, r, unit)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
-    return record, local(spec, output, r, judged)
+    return record, local(spec, output, r, r_model, judged)
