@@ -254,7 +254,8 @@ def local(spec: CaseSpec, output: str, r: torch.Tensor, r_model: torch.Tensor,
     if not bool(weight.any()):
         return None
     padded_weight = _tiles(weight.expand(*weight.shape[:2], tokens, channels))
-    best, flagged = None, {}
+    best: dict[str, Any] | None = None
+    flagged: dict[str, str] = {}
     for kind in ("row", "tile", "head", "batch"):
         if kind == "row" and channels < MIN_ROW_ELEMENTS:
             continue
