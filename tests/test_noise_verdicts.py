@@ -77,12 +77,18 @@ def test_a_correct_kernel_passes_every_verdict(long_case):
         assert comparison.statistical["score"] < 1 and comparison.local["score"] < 1
 
 
-def test_an_error_of_a_few_noise_units_fails_the_statistical_verdict(long_case):
-    case, golden = long_case
+def _reference_units(case, golden, name):
+    """The reference kernel's outputs of ``case`` and the noise units of output ``name``."""
     actual = run_case(load_kernel("reference"), case)
     model = model_attention(case, actual)
-    bounds = error_model.first_order_bounds(case, golden)
-    r, _, unit = noise_verdicts.noise_units(case.spec, "out", actual["out"], golden.out, model["out"], bounds["out"])
+    bound = error_model.first_order_bounds(case, golden)[name]
+    _, _, unit = noise_verdicts.noise_units(case.spec, name, actual[name], getattr(golden, name), model[name], bound)
+    return actual, unit
+
+
+def test_an_error_of_a_few_noise_units_fails_the_statistical_verdict(long_case):
+    case, golden = long_case
+    actual, unit = _reference_units(case, golden, "out")
     # element out[b=1, i=100, h=3, c=5]: 6 noise units
     bumped = actual["out"].clone()
     bumped[1, 100, 3, 5] = (golden.out[1, 100, 3, 5] + 6 * unit[1, 3, 100, 5]).to(bumped.dtype)
@@ -94,10 +100,7 @@ def test_an_error_of_a_few_noise_units_fails_the_statistical_verdict(long_case):
 
 def test_a_stale_tile_fails_the_local_verdict_and_is_named(long_case):
     case, golden = long_case
-    actual = run_case(load_kernel("reference"), case)
-    model = model_attention(case, actual)
-    bounds = error_model.first_order_bounds(case, golden)
-    _, _, unit = noise_verdicts.noise_units(case.spec, "dq", actual["dq"], golden.dq, model["dq"], bounds["dq"])
+    actual, unit = _reference_units(case, golden, "dq")
     # rows 64-127 of batch 0, head 2 off by three noise units each, random signs: below the statistical threshold
     signs = torch.randint(0, 2, (64, 32), generator=torch.Generator().manual_seed(0)) * 2 - 1
     stale = actual["dq"].clone()

@@ -28,20 +28,39 @@ from fa2_verify.core.case import Case
 from fa2_verify.verify.error_model import row_blocks, work_elements
 
 
+def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[slice, slice]]]:
+    """What an attention computed in row blocks over ``case`` fills, and its blocks.
+
+    ``out`` and (with a backward) ``dq`` zeroed like ``q``, ``lse`` (float32) at ``-inf``, and with a
+    backward float32 sums ``dk_sum``, ``dv_sum`` like ``k``; the row blocks of
+    :func:`verify.error_model.row_blocks` for all query heads at once.
+    """
+    spec = case.spec
+    device = case.q.device
+    first, last = spec.visible_ranges(device)
+    buffers = {
+        "out": torch.zeros_like(case.q),
+        "lse": torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32,
+                          device=device),
+    }
+    if spec.backward:
+        buffers["dq"] = torch.zeros_like(case.q)
+        buffers["dk_sum"] = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
+        buffers["dv_sum"] = torch.zeros_like(buffers["dk_sum"])
+    return buffers, row_blocks(first, last, spec.seqlen_k, max(1, work_elements(device) // spec.heads_q))
+
+
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     """``out``, ``lse`` (float32) and, when the case has a backward, ``dq``, ``dk``, ``dv``."""
     spec = case.spec
     group = spec.heads_q // spec.heads_kv
     device = case.q.device
     first, last = spec.visible_ranges(device)
-    out = torch.zeros_like(case.q)
-    lse = torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32, device=device)
+    buffers, blocks = blocked_buffers(case)
+    out, lse = buffers["out"], buffers["lse"]
     result = {"out": out, "lse": lse}
     if spec.backward:
-        dq = torch.zeros_like(case.q)
-        dk_sum = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
-        dv_sum = torch.zeros_like(dk_sum)
-    blocks = row_blocks(first, last, spec.seqlen_k, max(1, work_elements(device) // spec.heads_q))
+        dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
     for b in range(spec.batch):
         # (heads_q, keys, head_dim): K and V repeated over the query heads of each group
         keys_all = case.k[b].transpose(0, 1).repeat_interleave(group, dim=0)

@@ -27,7 +27,7 @@ It also returns each row's ``M_i = max_j |S_ij|`` over its visible keys
 key), which decides where the verdicts' premise holds.
 
 It runs one block of query rows at a time over the keys they see
-(:func:`verify.error_model.row_blocks`), like :mod:`verify.lowprec`, so no
+(:func:`verify.lowprec.blocked_buffers`), like :mod:`verify.lowprec`, so no
 (seqlen_q x seqlen_k) tensor is formed.
 """
 
@@ -36,7 +36,7 @@ from __future__ import annotations
 import torch
 
 from fa2_verify.core.case import Case
-from fa2_verify.verify.error_model import row_blocks, work_elements
+from fa2_verify.verify.lowprec import blocked_buffers
 
 
 def _softmax_block(logits: torch.Tensor, visible: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
@@ -64,16 +64,13 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
     group = spec.heads_q // spec.heads_kv
     device = case.q.device
     first, last = spec.visible_ranges(device)
-    out = torch.zeros_like(case.q)
-    lse = torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32, device=device)
+    buffers, blocks = blocked_buffers(case)
+    out, lse = buffers["out"], buffers["lse"]
     logit_max = torch.zeros_like(lse)
     result = {"out": out, "lse": lse, "logit_max": logit_max}
     given_out, given_lse = (forward or {}).get("out"), (forward or {}).get("lse")
     if spec.backward:
-        dq = torch.zeros_like(case.q)
-        dk_sum = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
-        dv_sum = torch.zeros_like(dk_sum)
-    blocks = row_blocks(first, last, spec.seqlen_k, max(1, work_elements(device) // spec.heads_q))
+        dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
     for b in range(spec.batch):
         # (heads_q, keys, head_dim) in float32: the T values, exactly, repeated over the query heads of a group
         keys_all = case.k[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
