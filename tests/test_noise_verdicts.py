@@ -131,7 +131,9 @@ def test_an_exact_model_and_one_ulp_everywhere_in_a_group_is_not_out_of_line():
                                causal=False)
     r, r_model, _ = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, exact, torch.ones_like(expected))
     assert float(r.max()) == pytest.approx(2.0)
-    assert noise_verdicts.local(spec, "out", r, r_model)["score"] <= 1
+    judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
+    assert bool(judged.all())
+    assert noise_verdicts.local("out", r, r_model, judged)["score"] <= 1
 
 
 def test_rows_whose_logits_float32_cannot_resolve_to_u_are_left_to_the_worst_case_verdict():

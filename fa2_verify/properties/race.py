@@ -32,7 +32,7 @@ from fa2_verify.properties import relations
 from fa2_verify.properties.determinism import bitwise, dq_spread_bound
 from fa2_verify.properties.runs import run
 from fa2_verify.verify.check import golden_for
-from fa2_verify.verify.kernel_call import KernelFailure
+from fa2_verify.verify.kernel_call import KernelFailure, bit_view
 from fa2_verify.verify.kernel_config import declared_block_k
 from fa2_verify.verify.metrics import encode_float, tensor_path
 from fa2_verify.verify.registry import LoadedKernel
@@ -41,10 +41,6 @@ from fa2_verify.verify.registry import LoadedKernel
 BITWISE = "bitwise"
 ATOMIC_DQ_BOUND = "atomic-dq bound"
 NONE = "none"
-
-#: Integer dtype of each float dtype's width: two results are the same when their bits are.
-_BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
 
 def promises(capabilities: Capabilities, spec: CaseSpec) -> dict[str, str]:
     """What each output the kernel provides promises over calls on ``spec``'s inputs (docs/error-model.md).
@@ -63,10 +59,6 @@ def promises(capabilities: Capabilities, spec: CaseSpec) -> dict[str, str]:
         promised |= {"dq": ATOMIC_DQ_BOUND, "dk": group, "dv": group}
     missing = capabilities.missing_outputs()
     return {name: promise for name, promise in promised.items() if name not in missing}
-
-
-def _bits(value: torch.Tensor) -> torch.Tensor:
-    return value.detach().view(_BITS[value.element_size()])
 
 
 def _digest(value: torch.Tensor) -> str:
@@ -130,7 +122,7 @@ class _Tally:
         call = self.calls
         self.calls += 1
         self.largest = torch.maximum(self.largest, self._finite_abs(value))
-        differs = _bits(value) != _bits(self.first)
+        differs = bit_view(value) != bit_view(self.first)
         if not bool(differs.any()):
             return
         self.differing += 1

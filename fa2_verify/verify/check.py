@@ -64,11 +64,15 @@ def golden_for(case: Case, golden_options: Any = None) -> Any:
     )
 
 
+def partial_sums_of(kernel: LoadedKernel, case: Case) -> error_model.PartialSums:
+    """The partial sums ``kernel`` declares in ``config()`` for ``case``'s device and seqlen_q (eqs. 2b, 7b to 9b)."""
+    return error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
+
+
 def bounds_for(kernel: LoadedKernel, case: Case, golden: Any) -> dict[str, torch.Tensor]:
     """The error model's per-element bounds for ``kernel`` on ``case`` (docs/error-model.md), with the partial
-    sums the kernel declares in ``config()`` (eqs. 2b, 7b to 9b)."""
-    partials = error_model.PartialSums.of(kernel.config(), case.q.device, case.spec.seqlen_q)
-    return error_model.first_order_bounds(case, golden, partials)
+    sums the kernel declares (:func:`partial_sums_of`)."""
+    return error_model.first_order_bounds(case, golden, partial_sums_of(kernel, case))
 
 
 @dataclasses.dataclass
@@ -84,9 +88,9 @@ class OutputJudge:
     forward: dict[str, torch.Tensor]
 
     def __post_init__(self) -> None:
-        self.bounds = bounds_for(self.kernel, self.case, self.golden)
+        partials = partial_sums_of(self.kernel, self.case)
+        self.bounds = error_model.first_order_bounds(self.case, self.golden, partials)
         self.naive = lowprec.naive_attention(self.case)
-        partials = error_model.PartialSums.of(self.kernel.config(), self.case.q.device, self.case.spec.seqlen_q)
         self.judged = noise_verdicts.judged_outputs(self.case.spec, partials)
         self.model = model_kernel.model_attention(self.case, self.forward) if self.judged else {}
 

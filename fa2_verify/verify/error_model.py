@@ -249,7 +249,7 @@ def row_blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int
     return blocks
 
 
-def _rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first_row, last_row)``, int64 (seqlen_k,): the queries that see key ``j`` are ``first_row[j]..last_row[j]``.
 
     ``first`` and ``last`` of :func:`core.contract.visible_ranges` never
@@ -279,7 +279,7 @@ class _QueryBlockPartials:
         self, block: int, group: int, seqlen_k: int, head_dim: int, first: torch.Tensor, last: torch.Tensor
     ) -> None:
         seqlen_q, device = len(first), first.device
-        first_row, last_row = _rows_seeing_keys(first, last, seqlen_k)
+        first_row, last_row = rows_seeing_keys(first, last, seqlen_k)
         self.block, self.seqlen_q = block, seqlen_q
         #: b_j, the block of the last query that sees key j; R_j, the blocks with a query that sees it
         self.last_block = last_row.div(block, rounding_mode="floor")

@@ -84,13 +84,19 @@ def contract_layouts(spec: CaseSpec) -> Layouts:
     }
 
 
+def bit_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bit pattern as integers of its width, in place: two results are the same when their bits
+    are (a NaN equals itself, ``-0.0`` differs from ``0.0``)."""
+    return tensor.detach().view(_INTEGER_VIEWS[tensor.element_size()])
+
+
 def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``tensor``'s bit pattern, so NaN inputs compare equal to themselves.
+    """A host copy of ``tensor``'s bit pattern (:func:`bit_view`), so NaN inputs compare equal to themselves.
 
     On the host, so that a GPU case at scale does not hold a second copy of
     its inputs in device memory while the kernel runs.
     """
-    return tensor.detach().to("cpu", copy=True).view(_INTEGER_VIEWS[tensor.element_size()])
+    return bit_view(tensor.detach().to("cpu", copy=True))
 
 
 def _synchronized(returned: Any, device: torch.device) -> Any:

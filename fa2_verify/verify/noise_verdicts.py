@@ -9,32 +9,32 @@ instead (docs/error-model.md, "Statistical and local verdicts"):
 * the **model kernel** (:mod:`verify.model_kernel`) computes the case with
   FlashAttention-2's numerics in the case dtype, and its error ``e^M = |M - golden|`` is the rounding noise a
   correct kernel makes on these inputs;
-* each element's **noise unit** is the largest model error in its tile
-  (:data:`TILE` rows of one batch and head, or keys of one batch and kv
-  head; every channel) plus the element's own last rounding (half an ulp of
-  the golden in ``T``; for ``lse``, float32's ulp and the exp and log
+* each element's **noise unit** is the larger of the largest model error in
+  its tile (:data:`TILE` rows of one batch and head, or keys of one batch and
+  kv head; every channel) and its worst-case bound times the tile's largest
+  ratio of model error to bound, plus the element's own last rounding (half an
+  ulp of the golden in ``T``; for ``lse``, float32's ulp and the exp and log
   approximations ``u_f (1 + ln n_i)`` of eq. (3));
 * ``r = |actual - golden| / unit``.  **Statistical verdict**: an element with
   ``r > STATISTICAL_THRESHOLD`` is inconsistent with rounding.  **Local
   verdict**: the root mean square of ``r`` over a group (a row, a tile, a head,
-  a batch) above ``LOCAL_RATIO`` times the median over the groups of its kind,
-  and above ``LOCAL_RATIO * LOCAL_FLOOR``, is an error out of line with the
-  rest of the output: stale rows, a dropped key block, a head read from the
-  wrong offset, a lost dQ update.
+  a batch) above ``LOCAL_RATIO`` times the model's own over the same group
+  (at least ``LOCAL_FLOOR``) is an error out of line with rounding: stale
+  rows, a dropped key block, a head read from the wrong offset or scaled, a
+  lost dQ update.
 
 Both rest on one premise: the rounding to ``T`` dominates the noise of
 every correct kernel, so that what a kernel does otherwise (another
 summation order, base-2 exponentials, split-KV weights in float32) adds
 little.  They apply to float16 and bfloat16 cases only (float32 and float64
-cases keep the worst-case verdict alone), and within a case only to the rows
+cases keep the worst-case verdict alone), and within a case only to tokens
+whose sums have at least :data:`FEWEST_TERMS` terms and to the rows
 where the exponentials' argument error ``u_a (|S_ij| + M_i)`` of eq. (1) is
 small next to ``u``: ``u_a (2 M_i + 1) <= u / 8`` (:func:`premise`); dK and dV
 of a (batch, kv head) only when every row of its query heads qualifies.
 Elsewhere, as for logits far below zero where float32 cannot resolve
 ``S - m`` to ``u``, and for the outputs a kernel accumulates in partial sums
-rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.  Rows that see no
-key, and keys that no row sees, are exact and take no part in the local
-statistics.
+rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.verify.error_model import PartialSums, accumulation_unit, unit_roundoff
+from fa2_verify.verify.error_model import PartialSums, accumulation_unit, rows_seeing_keys, unit_roundoff
 from fa2_verify.verify.metrics import tensor_path, ulp
 
 #: Tokens (query rows, or keys for dK and dV) per tile: the noise unit's neighbourhood and a local group.
@@ -113,12 +113,8 @@ def _terms(spec: CaseSpec, output: str, device: torch.device) -> torch.Tensor:
     first, last = spec.visible_ranges(device)
     if _LAYOUT[output][0] == "rows":
         return (last - first + 1).clamp(min=0)
-    group = spec.heads_q // spec.heads_kv
-    seen = torch.zeros(spec.seqlen_k + 1, dtype=torch.int64, device=device)
-    rows = first <= last
-    seen.index_add_(0, first[rows], torch.ones_like(first[rows]))
-    seen.index_add_(0, last[rows] + 1, -torch.ones_like(last[rows]))
-    return group * seen.cumsum(0)[: spec.seqlen_k]
+    first_row, last_row = rows_seeing_keys(first, last, spec.seqlen_k)
+    return (spec.heads_q // spec.heads_kv) * (last_row - first_row + 1).clamp(min=0)
 
 
 #: Fewest terms of a judged sum.  Below it the model's noise is a sample of a few roundings, too small to
@@ -236,31 +232,29 @@ def _group_rms(squares: torch.Tensor, weight: torch.Tensor, dims: tuple[int, ...
     return torch.sqrt(total / count.clamp(min=1)), count > 0
 
 
-def local(spec: CaseSpec, output: str, r: torch.Tensor, r_model: torch.Tensor,
-          judged: torch.Tensor | None = None) -> dict[str, Any] | None:
+def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Tensor) -> dict[str, Any] | None:
     """The local verdict's record for the most out-of-line group (``score`` above 1 fails), with the most
     out-of-line group of every kind that fails (``flagged``, kind to name); None when no element is judged.
 
     A group's kernel RMS of ``r`` against the model's own (``r_model``, the model's error in the same units)
-    over the same group: out of line above ``LOCAL_RATIO x max(model RMS, LOCAL_FLOOR)``.  Kinds: ``row`` (one
-    token of one batch and head, every channel; only with at least :data:`MIN_ROW_ELEMENTS` channels), ``tile``
-    (:data:`TILE` tokens), ``head`` and ``batch``.
+    over the same group, counting the elements ``judged`` (:func:`premise`; it leaves out rows that see no
+    key and keys no row sees, which are exact): out of line above ``LOCAL_RATIO x max(model RMS,
+    LOCAL_FLOOR)``.  Kinds: ``row`` (one token of one batch and head, every channel; only with at least
+    :data:`MIN_ROW_ELEMENTS` channels), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
     """
     batch, heads, tokens, channels = r.shape
-    weight = (_terms(spec, output, r.device) > 0)[None, None, :, None]
-    if judged is not None:
-        weight = weight & judged
-    weight = weight.to(torch.float64)
+    weight = judged.to(torch.float64)
     if not bool(weight.any()):
         return None
     padded_weight = _tiles(weight.expand(*weight.shape[:2], tokens, channels))
+    squares, model_squares = r.square(), r_model.square()
     best: dict[str, Any] | None = None
     flagged: dict[str, str] = {}
     for kind in ("row", "tile", "head", "batch"):
         if kind == "row" and channels < MIN_ROW_ELEMENTS:
             continue
-        rms, present = _group_rms_of(kind, r.square(), weight, padded_weight)
-        model_rms, _ = _group_rms_of(kind, r_model.square(), weight, padded_weight)
+        rms, present = _group_rms_of(kind, squares, weight, padded_weight)
+        model_rms, _ = _group_rms_of(kind, model_squares, weight, padded_weight)
         limit = LOCAL_RATIO * model_rms.clamp(min=LOCAL_FLOOR)
         scores = torch.where(present, rms / limit, 0.0)
         at = int(torch.argmax(scores.reshape(-1)))
@@ -311,4 +305,4 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
     r = torch.where(judged, r, 0.0)
     record = statistical(output, r, unit)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
-    return record, local(spec, output, r, r_model, judged)
+    return record, local(output, r, r_model, judged)
