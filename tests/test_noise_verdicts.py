@@ -60,8 +60,9 @@ def test_the_models_own_outputs_have_r_at_most_one(long_case):
     model = model_attention(case)
     bounds = error_model.first_order_bounds(case, golden)
     for name in OUTPUTS:
-        r, _, unit = noise_verdicts.noise_units(case.spec, name, model[name], getattr(golden, name), model[name],
-                                             bounds[name])
+        noise = noise_verdicts.noise_units(case.spec, name, model[name], getattr(golden, name), model[name],
+                                           bounds[name])
+        r, unit = noise.r, noise.unit
         tokens = case.spec.seqlen_k if name in ("dk", "dv") else case.spec.seqlen_q
         heads = case.spec.heads_kv if name in ("dk", "dv") else case.spec.heads_q
         channels = 1 if name == "lse" else case.spec.head_dim
@@ -75,6 +76,7 @@ def test_a_correct_kernel_passes_every_verdict(long_case):
     for comparison in comparisons.values():
         assert comparison.passed and comparison.failed_verdicts == []
         assert comparison.statistical["score"] < 1 and comparison.local["score"] < 1
+        assert comparison.bias is None or comparison.bias["score"] < 1
 
 
 def _reference_units(case, golden, name):
@@ -82,8 +84,8 @@ def _reference_units(case, golden, name):
     actual = run_case(load_kernel("reference"), case)
     model = model_attention(case, actual)
     bound = error_model.first_order_bounds(case, golden)[name]
-    _, _, unit = noise_verdicts.noise_units(case.spec, name, actual[name], getattr(golden, name), model[name], bound)
-    return actual, unit
+    return actual, noise_verdicts.noise_units(case.spec, name, actual[name], getattr(golden, name), model[name],
+                                              bound).unit
 
 
 def test_an_error_of_a_few_noise_units_fails_the_statistical_verdict(long_case):
@@ -129,11 +131,11 @@ def test_an_exact_model_and_one_ulp_everywhere_in_a_group_is_not_out_of_line():
     one_ulp_off[0, :64, 0] += 2.0**-11  # float16's gap at 0.5
     spec = dataclasses.replace(spec, batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=16,
                                causal=False)
-    r, r_model, _ = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, exact, torch.ones_like(expected))
-    assert float(r.max()) == pytest.approx(2.0)
+    noise = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, exact, torch.ones_like(expected))
+    assert float(noise.r.max()) == pytest.approx(2.0)
     judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
     assert bool(judged.all())
-    assert noise_verdicts.local("out", r, r_model, judged)["score"] <= 1
+    assert noise_verdicts.local("out", noise.r, noise.r_model, judged)["score"] <= 1
 
 
 def test_rows_whose_logits_float32_cannot_resolve_to_u_are_left_to_the_worst_case_verdict():
@@ -178,3 +180,47 @@ def test_records_survive_json_and_the_failure_message_names_the_verdict(long_cas
     message = metrics.describe_failure(result, "dv")
     assert "fails the local verdict" in message or "statistical:" in message
     assert "local: key 7 of batch 1, kv head 0" in message
+
+
+def test_a_head_scaled_by_one_unit_roundoff_fails_the_bias_verdict_alone(long_case):
+    """``out`` of one head times ``1 + u``: each element moves by at most one ulp, within the statistical and
+    local verdicts, but every row errs in the golden's direction, which rounding to nearest does not."""
+    case, golden = long_case
+    actual = run_case(load_kernel("reference"), case)
+    scaled = actual["out"].clone()
+    scaled[1, :, 3] = (golden.out[1, :, 3] * (1 + 2.0**-11)).to(scaled.dtype)
+    comparisons = _judged(case, golden, {**actual, "out": scaled})
+    assert comparisons["out"].failed_verdicts == ["bias"]
+    assert comparisons["out"].bias["group"] == "head 3 of batch 1" and comparisons["out"].bias["z"] > 6
+    result = CaseResult(spec=case.spec, kernel="reference", device="cpu", status="failed", comparisons=comparisons)
+    assert "bias: head 3 of batch 1: errors lean one way" in metrics.describe_failure(result, "out")
+    assert metrics.OutputComparison.from_dict(comparisons["out"].to_dict()) == comparisons["out"]
+
+
+def test_rows_whose_keys_all_tie_are_left_out_of_the_bias_verdict():
+    """``score-plateau`` gives half of the (batch, kv head) pairs rows whose scores are one number: the model
+    rounds no ``P~`` there (each is 1), nothing shows their rows' errors to be independent, and those heads are
+    not judged; the heads whose scores spread are, and a correct kernel passes them."""
+    case = _case(generator="score-plateau")
+    alpha = model_attention(case)["scale_errors"]
+    tied = alpha.abs().amax(-1) == 0
+    assert bool(tied.any()) and not bool(tied.all())
+    noise = noise_verdicts.noise_units(case.spec, "out", case.q, golden_for(case).out, case.q,
+                                       torch.ones(case.q.shape, dtype=torch.float64))
+    judged = noise_verdicts.premise(case.spec, "out", torch.zeros(alpha.shape)) & tied[..., None, None]
+    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, alpha) is None
+    out = _judged(case, golden_for(case), run_case(load_kernel("reference"), case))["out"]
+    assert out.passed and out.bias["groups_judged"] > 0
+
+
+def test_an_exact_model_leaves_no_group_to_the_bias_verdict():
+    """Where the model rounds no ``P~`` (every row's keys tie at its maximum) nothing shows the rows' errors to be
+    independent, so a group of one-ulp errors all one way is not judged."""
+    spec = CaseSpec(batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=16, dtype="float16")
+    expected = torch.full((1, 128, 2, 16), 0.5, dtype=torch.float64)
+    one_ulp_off = expected.to(torch.float16)
+    one_ulp_off[0, :, 0] += 2.0**-11
+    noise = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, expected.to(torch.float16),
+                                       torch.ones_like(expected))
+    judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
+    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, torch.zeros(1, 2, 128)) is None

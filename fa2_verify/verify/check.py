@@ -95,8 +95,8 @@ class OutputJudge:
         self.model = model_kernel.model_attention(self.case, self.forward) if self.judged else {}
 
     def compare(self, actual: dict[str, torch.Tensor]) -> dict[str, metrics.OutputComparison]:
-        """Each of ``actual`` under the three verdicts: the worst-case one (:func:`metrics.compare`, the
-        flash-attn ratio beside it), and where they apply the statistical and local ones
+        """Each of ``actual`` under every verdict: the worst-case one (:func:`metrics.compare`, the
+        flash-attn ratio beside it), and where they apply the statistical, local and bias ones
         (:func:`verify.noise_verdicts.judge`).  An output passes when every verdict does."""
         comparisons = {}
         for name, tensor in actual.items():
@@ -104,9 +104,8 @@ class OutputJudge:
             comparison = metrics.compare(name, tensor, expected, self.bounds[name],
                                          threshold=error_model.THRESHOLDS[name], lowprec=self.naive.get(name))
             if name in self.judged:
-                statistical, local = noise_verdicts.judge(self.case.spec, name, tensor, expected,
-                                                         self.bounds[name], self.model)
-                comparison = dataclasses.replace(comparison, statistical=statistical, local=local)
+                records = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.bounds[name], self.model)
+                comparison = dataclasses.replace(comparison, **records)
                 comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
             comparisons[name] = comparison
         return comparisons

@@ -143,6 +143,11 @@ class Distribution:
         )
 
 
+#: The verdicts beside the worst-case one, in the order their records are kept (docs/error-model.md,
+#: "Statistical and local verdicts").
+NOISE_VERDICTS = ("statistical", "local", "bias")
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputComparison:
     """How one output of one case compares with the golden."""
@@ -160,15 +165,17 @@ class OutputComparison:
     worst: dict[str, Any] | None
     flash_ratio: float | None
     passed: bool
-    #: The statistical and local verdicts' records (:mod:`verify.noise_verdicts`), None where they do not apply.
+    #: The statistical, local and bias verdicts' records (:mod:`verify.noise_verdicts`), None where they do not
+    #: apply.
     statistical: dict[str, Any] | None = None
     local: dict[str, Any] | None = None
+    bias: dict[str, Any] | None = None
 
     @property
     def failed_verdicts(self) -> list[str]:
-        """The verdicts that failed: ``worst-case`` (a mismatch), ``statistical``, ``local``."""
+        """The verdicts that failed: ``worst-case`` (a mismatch), ``statistical``, ``local``, ``bias``."""
         failed = ["worst-case"] if self.mismatches else []
-        for name in ("statistical", "local"):
+        for name in NOISE_VERDICTS:
             record = getattr(self, name)
             if record is not None and record["score"] > 1:
                 failed.append(name)
@@ -196,6 +203,7 @@ class OutputComparison:
             "passed": self.passed,
             "statistical": _encoded_record(self.statistical),
             "local": _encoded_record(self.local),
+            "bias": _encoded_record(self.bias),
         }
 
     @classmethod
@@ -222,6 +230,7 @@ class OutputComparison:
             passed=bool(record["passed"]),
             statistical=_decoded_record(record.get("statistical")),
             local=_decoded_record(record.get("local")),
+            bias=_decoded_record(record.get("bias")),
         )
 
 
@@ -236,7 +245,8 @@ def _decoded_record(record: dict[str, Any] | None) -> dict[str, Any] | None:
     """Inverse of :func:`_encoded_record`: the score and the other numbers back to floats."""
     if record is None:
         return None
-    numbers = ("score", "threshold", "r", "unit", "rms", "model_rms", "ratio", "floor", "judged")
+    numbers = ("score", "threshold", "r", "unit", "rms", "model_rms", "ratio", "floor", "judged", "mean",
+               "model_mean", "z", "z_threshold")
     return {key: decode_float(value) if key in numbers else value for key, value in record.items()}
 
 
@@ -585,10 +595,10 @@ def masked_element(spec: "CaseSpec", output: str, index: Sequence[int]) -> str |
 
 
 def _noise_verdict_lines(comparison: OutputComparison) -> list[str]:
-    """The failed statistical and local verdicts of ``comparison``, a line each (docs/error-model.md,
+    """The failed statistical, local and bias verdicts of ``comparison``, a line each (docs/error-model.md,
     "Statistical and local verdicts")."""
     lines = []
-    stat, local = comparison.statistical, comparison.local
+    stat, local, bias = comparison.statistical, comparison.local, comparison.bias
     if stat is not None and stat["score"] > 1:
         lines.append(
             f"  statistical: {stat['path']}: error {_number(stat['r'])} noise units (threshold "
@@ -604,6 +614,13 @@ def _noise_verdict_lines(comparison: OutputComparison) -> list[str]:
         others = [f"{kind} {name}" for kind, name in local["flagged"].items() if kind != local["kind"]]
         if others:
             lines.append(f"  also out of line: {'; '.join(others)}")
+    if bias is not None and bias["score"] > 1:
+        lines.append(
+            f"  bias: {bias['group']}: errors lean one way, mean {_number(bias['mean'])} noise units in the "
+            f"golden's direction where the model kernel's is {_number(bias['model_mean'])} (limit "
+            f"{_number(bias['ratio'])} x max(model's, {_number(bias['floor'])})), self-normalized sum "
+            f"{_number(bias['z'])} (threshold {_number(bias['z_threshold'])})"
+        )
     return lines
 
 

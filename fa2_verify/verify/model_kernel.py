@@ -24,7 +24,12 @@ verdict (:func:`verify.noise_verdicts.judged_outputs`).
 
 It also returns each row's ``M_i = max_j |S_ij|`` over its visible keys
 (``logit_max``, float32, (batch, heads_q, seqlen_q); 0 for a row that sees no
-key), which decides where the verdicts' premise holds.
+key), which decides where the verdicts' premise holds, and the rows' scale
+errors from rounding ``P~`` to ``T`` (``scale_errors``, float32, (batch,
+heads_q, seqlen_q)): ``alpha_i = sum_j (fl_T(P~_ij) - P~_ij) / l_i``, the
+relative error by which that rounding alone scales row ``i`` of ``O`` (0 for a
+row that sees no key).  The bias verdict's premise asks them to vary from row
+to row like independent errors (:func:`verify.noise_verdicts.bias`).
 
 It runs one block of query rows at a time over the keys they see
 (:func:`verify.lowprec.blocked_buffers`), like :mod:`verify.lowprec`, so no
@@ -40,9 +45,10 @@ from fa2_verify.verify.lowprec import blocked_buffers
 
 
 def _softmax_block(logits: torch.Tensor, visible: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
-    """``(O in float32 before its rounding, LSE)`` of one set of visible keys per row (Algorithm 1's numerics).
+    """``(O in float32 before its rounding, LSE, scale error)`` of one set of visible keys per row
+    (Algorithm 1's numerics; the scale errors of the module docstring).
 
-    A row with no visible key gives ``O = 0`` and ``LSE = -inf``.
+    A row with no visible key gives ``O = 0``, ``LSE = -inf`` and scale errors 0.
     """
     masked = torch.where(visible, logits, float("-inf"))
     row_max = masked.amax(-1, keepdim=True)
@@ -53,11 +59,12 @@ def _softmax_block(logits: torch.Tensor, visible: torch.Tensor, values: torch.Te
     numerator = p.to(dtype).float() @ values
     out = torch.where(any_visible, numerator / torch.where(any_visible, denominator, 1.0), 0.0)
     lse = torch.where(any_visible, row_max + torch.log(denominator), float("-inf"))[..., 0]
-    return out, lse
+    scale_error = ((p.to(dtype).float() - p).sum(-1, keepdim=True) / torch.where(any_visible, denominator, 1.0))
+    return out, lse, scale_error[..., 0]
 
 
 def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """``out``, ``lse`` (float32), ``logit_max`` and, when the case has a backward, ``dq``, ``dk``, ``dv`` of the
+    """``out``, ``lse`` (float32), ``logit_max``, ``scale_errors`` and, when the case has a backward, ``dq``, ``dk``, ``dv`` of the
     model kernel; the backward from ``forward["out"]`` and ``forward["lse"]`` (the kernel's) where given."""
     spec = case.spec
     dtype, scale = spec.torch_dtype, spec.scale
@@ -67,7 +74,8 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
     buffers, blocks = blocked_buffers(case)
     out, lse = buffers["out"], buffers["lse"]
     logit_max = torch.zeros_like(lse)
-    result = {"out": out, "lse": lse, "logit_max": logit_max}
+    scale_errors = torch.zeros_like(logit_max)
+    result = {"out": out, "lse": lse, "logit_max": logit_max, "scale_errors": scale_errors}
     given_out, given_lse = (forward or {}).get("out"), (forward or {}).get("lse")
     if spec.backward:
         dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
@@ -83,7 +91,7 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
             q_rows = case.q[b, rows].transpose(0, 1).float()
             k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
             logits = (q_rows @ k_rows.mT) * scale
-            o_rows, lse_rows = _softmax_block(logits, visible, v_rows, dtype)
+            o_rows, lse_rows, scale_errors[b, :, rows] = _softmax_block(logits, visible, v_rows, dtype)
             o_rows = o_rows.to(dtype)
             out[b, rows] = o_rows.transpose(0, 1)
             lse[b, :, rows] = lse_rows

@@ -39,6 +39,7 @@ rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -63,6 +64,26 @@ LOCAL_FLOOR = 0.5
 
 #: Smallest group, in elements, of the local verdict's ``row`` kind (a row of ``lse`` is one element).
 MIN_ROW_ELEMENTS = 16
+
+#: The outputs the bias verdict judges: ``out``, whose rows' scale errors from rounding ``P~`` the model
+#: measures (:func:`bias`).
+BIAS_OUTPUTS = ("out",)
+
+#: A group leans one way when the self-normalized sum of its rows' signed errors exceeds this (at most
+#: ``2 exp(-BIAS_Z^2 / 2)``, 3e-8, for rows whose errors are independent and symmetric; Efron 1969) ...
+BIAS_Z = 6.0
+
+#: ... and its mean signed error exceeds this many times the model's own over the group ...
+BIAS_RATIO = 4.0
+
+#: ... and this many noise units, so that a systematic error of a legitimate kernel far below the rounding
+#: (approximate exponentials and reciprocals: float32's ulp against ``T``'s) is not flagged.
+BIAS_FLOOR = 0.125
+
+#: The bias verdict's premise: the model's row scale errors have a self-normalized sum over the group of at most
+#: this, as independent errors do, and are not all 0.
+PREMISE_Z = 4.0
+
 
 #: Dtypes these verdicts apply to.
 DTYPES = (torch.float16, torch.bfloat16)
@@ -155,10 +176,23 @@ def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tenso
     return rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None] & long_sums
 
 
+@dataclasses.dataclass(frozen=True)
+class Noise:
+    """One output's errors in noise units, (batch, head, token, channel) float64 (:func:`noise_units`)."""
+
+    #: The kernel's ``|error| / unit``, and the model's.
+    r: torch.Tensor
+    r_model: torch.Tensor
+    unit: torch.Tensor
+    #: For the outputs of :data:`BIAS_OUTPUTS` (else None): the signed errors in the golden's direction,
+    #: ``(actual - golden) sign(golden) / unit``, the kernel's (0 where ``r`` is infinite) and the model's.
+    lean: torch.Tensor | None = None
+    lean_model: torch.Tensor | None = None
+
+
 def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor,
-                model: torch.Tensor, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(r, r_model, unit)`` as (batch, head, token, channel) float64 tensors: the kernel's error and the
-    model's in noise units, and the unit.
+                model: torch.Tensor, bound: torch.Tensor) -> Noise:
+    """The kernel's error and the model's in noise units, and the unit.
 
     ``bound`` is the output's worst-case bound (:func:`verify.error_model.first_order_bounds`): it carries
     each element's own scale into its tile's noise (module docstring).
@@ -185,9 +219,14 @@ def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: tor
     unit = noise + _own_rounding(spec, output, expected)
     error = torch.where(finite, (actual - expected).abs(), 0.0).nan_to_num(nan=math.inf)
     error = torch.where(finite & ~torch.isfinite(actual), math.inf, error)
-    r = torch.where(error == 0, 0.0, error / unit)
+    r = torch.where(torch.isinf(unit), 0.0, torch.where(error == 0, 0.0, error / unit))
     r_model = torch.where(torch.isinf(unit), 0.0, model_error / unit)
-    return torch.where(torch.isinf(unit), 0.0, r), r_model, unit
+    if output not in BIAS_OUTPUTS:
+        return Noise(r, r_model, unit)
+    direction = torch.where(finite & torch.isfinite(unit), torch.sign(expected), 0.0)
+    lean = torch.where(torch.isinf(r), 0.0, torch.nan_to_num((actual - expected) * direction / unit))
+    lean_model = torch.nan_to_num((model - expected) * direction / unit, posinf=0.0, neginf=0.0)
+    return Noise(r, r_model, unit, lean, lean_model)
 
 
 def _token_span(output: str, tokens: range) -> str:
@@ -293,16 +332,70 @@ def _group_name(output: str, kind: str, index: list[int], tokens: int) -> str:
     return f"{_token_span(output, range(start, min(start + TILE, tokens)))} of {where}"
 
 
+def _self_normalized(rows: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sum / sqrt(sum of squares), any nonzero)`` of ``rows`` over ``dims``; 0 where every row is 0."""
+    total, squares = rows.sum(dims), rows.square().sum(dims)
+    return torch.where(squares > 0, total / squares.sqrt().clamp(min=1e-300), 0.0), squares > 0
+
+
+def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torch.Tensor,
+         scale_errors: torch.Tensor) -> dict[str, Any] | None:
+    """The bias verdict's record for the group whose errors lean one way the most (``score`` above 1 fails);
+    None when no group is under its premise.
+
+    Groups: each ``head`` (of one batch) and each ``batch``, over the elements ``judged``.  A row's signed errors
+    (``lean``, :class:`Noise`) sum to one term; a group leans when its terms' self-normalized sum exceeds
+    :data:`BIAS_Z` and its mean ``lean`` exceeds ``BIAS_RATIO x max(|model's mean|, BIAS_FLOOR)``: a head or a
+    batch scaled by ``1 + eps``, or offset by a constant, where rounding to nearest errs both ways.  Its premise
+    is that the rows' errors are independent: the model's row scale errors ``scale_errors`` (batch, head,
+    token; :func:`verify.model_kernel.model_attention`) are not all 0 and have a self-normalized sum of at most
+    :data:`PREMISE_Z` over the group, which ties, plateaus and repeated rows (every row rounding ``P~`` alike)
+    break.  The score is the smaller of ``|z| / BIAS_Z`` and the mean's ratio to its limit.
+    """
+    weight = judged.to(torch.float64)
+    rows, model_rows = (lean * weight).sum(-1), (lean_model * weight).sum(-1)
+    count = weight.expand_as(lean).sum(-1)
+    judged_rows = judged.expand(*lean.shape[:3], 1)[..., 0]
+    alpha = torch.where(judged_rows, scale_errors.to(lean.device, torch.float64), 0.0)
+    best: dict[str, Any] | None = None
+    judged_groups = 0
+    for kind, dims in (("head", (2,)), ("batch", (1, 2))):
+        elements = count.sum(dims)
+        z_alpha, varies = _self_normalized(alpha, dims)
+        qualified = (elements > 0) & varies & (z_alpha.abs() <= PREMISE_Z)
+        judged_groups += int(qualified.sum())
+        z, _ = _self_normalized(rows, dims)
+        mean, model_mean = rows.sum(dims) / elements.clamp(min=1), model_rows.sum(dims) / elements.clamp(min=1)
+        limit = (BIAS_RATIO * model_mean.abs()).clamp(min=BIAS_FLOOR)
+        scores = torch.where(qualified, torch.minimum(z.abs() / BIAS_Z, mean.abs() / limit), -1.0)
+        at = int(torch.argmax(scores.reshape(-1)))
+        if float(scores.reshape(-1)[at]) < 0 or (best is not None and float(scores.reshape(-1)[at]) <= best["score"]):
+            continue
+        index = [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)]
+        best = {"score": float(scores.reshape(-1)[at]), "kind": kind,
+                "group": _group_name(output, kind, index, lean.shape[2]), "mean": float(mean.reshape(-1)[at]),
+                "model_mean": float(model_mean.reshape(-1)[at]), "z": float(z.reshape(-1)[at]),
+                "z_threshold": BIAS_Z, "ratio": BIAS_RATIO, "floor": BIAS_FLOOR}
+    if best is not None:
+        best["groups_judged"] = judged_groups
+    return best
+
+
 def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
-          model: dict[str, torch.Tensor]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """``(statistical record, local record or None)`` of one output against the model kernel's outputs
-    ``model`` (:func:`verify.model_kernel.model_attention`), where the premise holds (module docstring).
+          model: dict[str, torch.Tensor]) -> dict[str, dict[str, Any] | None]:
+    """The ``statistical``, ``local`` and ``bias`` records of one output against the model kernel's outputs
+    ``model`` (:func:`verify.model_kernel.model_attention`), where the premise holds (module docstring); the
+    local record is None when no element is judged, the bias record for outputs outside :data:`BIAS_OUTPUTS`
+    and where no group is under its premise.
 
     The statistical record's ``judged`` is the share of the output's elements under the premise.
     """
-    r, r_model, unit = noise_units(spec, output, actual, expected, model[output], bound)
-    judged = premise(spec, output, model["logit_max"].to(r.device))
-    r = torch.where(judged, r, 0.0)
-    record = statistical(output, r, unit)
+    noise = noise_units(spec, output, actual, expected, model[output], bound)
+    judged = premise(spec, output, model["logit_max"].to(noise.r.device))
+    r = torch.where(judged, noise.r, 0.0)
+    record = statistical(output, r, noise.unit)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
-    return record, local(output, r, r_model, judged)
+    records = {"statistical": record, "local": local(output, r, noise.r_model, judged), "bias": None}
+    if noise.lean is not None and noise.lean_model is not None and bool(judged.any()):
+        records["bias"] = bias(output, noise.lean, noise.lean_model, judged, model["scale_errors"])
+    return records
