@@ -208,7 +208,7 @@ def test_rows_whose_keys_all_tie_are_left_out_of_the_bias_verdict():
     noise = noise_verdicts.noise_units(case.spec, "out", case.q, golden_for(case).out, case.q,
                                        torch.ones(case.q.shape, dtype=torch.float64))
     judged = noise_verdicts.premise(case.spec, "out", torch.zeros(alpha.shape)) & tied[..., None, None]
-    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, alpha) is None
+    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, alpha, 2.0**-11) is None
     out = _judged(case, golden_for(case), run_case(load_kernel("reference"), case))["out"]
     assert out.passed and out.bias["groups_judged"] > 0
 
@@ -223,4 +223,18 @@ def test_an_exact_model_leaves_no_group_to_the_bias_verdict():
     noise = noise_verdicts.noise_units(spec, "out", one_ulp_off, expected, expected.to(torch.float16),
                                        torch.ones_like(expected))
     judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
-    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, torch.zeros(1, 2, 128)) is None
+    assert noise_verdicts.bias("out", noise.lean, noise.lean_model, judged, torch.zeros(1, 2, 128), 2.0**-11) is None
+
+
+@pytest.mark.parametrize("common, judged_groups", [(2.0**-11 / 200, 3), (2.0**-11 / 20, 0)])
+def test_rows_that_share_a_scale_error_are_judged_only_when_it_is_far_below_u(common, judged_groups):
+    """Long bfloat16 rows round ``P~`` down slightly more often than up, a common scale error of about
+    ``u / 1000`` that every kernel rounding ``P~`` to ``T`` shares: still judged.  A common error of ``u / 20``
+    (rows that tie alike) is not."""
+    spec = CaseSpec(batch=1, seqlen_q=128, seqlen_k=128, heads_q=2, heads_kv=2, head_dim=16, dtype="float16")
+    spread = torch.randn(1, 2, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2.0**-20
+    alpha = common + spread
+    lean = torch.zeros(1, 2, 128, 16, dtype=torch.float64)
+    judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
+    record = noise_verdicts.bias("out", lean, lean, judged, alpha, 2.0**-11)
+    assert (record["groups_judged"] if record else 0) == judged_groups
