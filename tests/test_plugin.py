@@ -231,7 +231,7 @@ def test_two_shards_run_each_test_once_and_merge_into_the_unsharded_runs_verdict
     the same tests with the same statuses as the unsharded run's (the varlen tests, skipped as unsupported,
     included)."""
     from fa2_verify.cli import main as cli
-    from fa2_verify.verify import allure_merge
+    from fa2_verify.records import allure_merge
     from tests.test_report_allure import FAKE_ALLURE_3
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))

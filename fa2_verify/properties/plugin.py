@@ -25,7 +25,7 @@ the dtypes drawn, ``--fa2-examples-dir`` moves the example database).
   (:mod:`properties.schedule`); without them, dtype-major.  ``--fa2-shard I/N``
   first keeps the I-th of N balanced groups (:mod:`properties.runner_shards`),
   and under ``--alluredir`` the run is described in its results for
-  ``fa2-verify report`` to merge the shards (:mod:`verify.allure_merge`).
+  ``fa2-verify report`` to merge the shards (:mod:`records.allure_merge`).
 * Workers share the golden cache: ``FA2_VERIFY_GOLDEN_CACHE`` if set, else
   ``<rootdir>/.fa2-golden-cache``.
 * A property needing a capability the kernel lacks (or a kernel that cannot
@@ -338,13 +338,13 @@ def _failures_option(option: str | None, examples_dir: pathlib.Path) -> pathlib.
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Under ``--alluredir``, describe a property run in its Allure results (not on an xdist worker): kernel,
     device, profile, dtypes and runner shard, what ``fa2-verify report`` checks before merging the results
-    of several shards (:mod:`verify.allure_merge`)."""
+    of several shards (:mod:`records.allure_merge`)."""
     config = session.config
     alluredir = config.getoption("allure_report_dir", None)
     options = config.stash.get(_options_key, None)
     if not alluredir or options is None or options["kernel"] is None or hasattr(config, "workerinput"):
         return
-    from fa2_verify.verify.allure_merge import write_run
+    from fa2_verify.records.allure_merge import write_run
 
     dtypes = options["dtypes"]
     write_run(pathlib.Path(alluredir), {
@@ -613,7 +613,7 @@ def pytest_runtest_call(item: pytest.Item):
         item.user_properties.append((_OBSERVED, json.dumps(suite.end_test())))
         results = suite.take_results()
         if item.config.getoption("allure_report_dir", None):
-            from fa2_verify.verify import allure_report
+            from fa2_verify.records import allure_report
 
             allure_report.record_property_test(item.name, results, kernel=suite.kernel.name, device=suite.device)
 
