@@ -68,7 +68,7 @@ import torch
 from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.core.errors import Fa2VerifyError, UsageError
 from fa2_verify.verify import check, error_model, metrics
-from fa2_verify.verify.atomic import check_writable, write_text_atomic
+from fa2_verify.core.outputs import check_writable, write_text_atomic
 from fa2_verify.verify.kernel_call import run_case
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
 

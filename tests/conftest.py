@@ -5,7 +5,7 @@ none is visible; collection itself never needs one.
 
 Each xdist worker, and every process it starts (pytester runs, the CLI, the
 Triton interpreter checks), takes an equal share of the cores
-(:func:`fa2_verify.properties.plugin.worker_share`): with PyTorch's default of
+(:func:`fa2_verify.properties.device_pinning.worker_share`): with PyTorch's default of
 every core per process, two workers on the 2-core CI runner spent about five
 times the CPU time, their threads waiting on each other.
 """
@@ -17,13 +17,13 @@ import os
 import pytest
 import torch
 
-from fa2_verify.properties import plugin
+from fa2_verify.properties import device_pinning
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    threads = plugin.worker_share(getattr(config, "workerinput", None))
+    threads = device_pinning.worker_share(getattr(config, "workerinput", None))
     if threads is not None:
-        os.environ[plugin.THREADS_ENV] = str(threads)
+        os.environ[device_pinning.THREADS_ENV] = str(threads)
         torch.set_num_threads(threads)
 
 

@@ -26,7 +26,7 @@ import torch
 from fa2_verify.cli.commands.run import failure_descriptions
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities, dtype_name
-from fa2_verify.verify import baseline as baselines
+from fa2_verify.records import baseline as baselines
 from fa2_verify.verify import metrics
 from fa2_verify.verify.check import check_case
 from fa2_verify.verify.corpus import Corpus
@@ -191,7 +191,7 @@ def test_outputs_match_golden(spec):
 INNER_CONFTEST = """
 import pytest
 
-from fa2_verify.verify.allure_report import record_property_test
+from fa2_verify.records.allure_report import record_property_test
 
 
 @pytest.hookimpl(wrapper=True)

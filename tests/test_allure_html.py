@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import ROOT, run_inner_suite
 from fa2_verify.cli import main as cli
-from fa2_verify.verify.allure_report import CHECKOUT_ALLURE
+from fa2_verify.records.allure_report import CHECKOUT_ALLURE
 
 CHECK_SCRIPT = ROOT / "ci" / "allure-check.mjs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")

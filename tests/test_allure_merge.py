@@ -1,4 +1,4 @@
-"""Allure results of runner shards merged into one run (verify/allure_merge.py, `fa2-verify report A B ...`).
+"""Allure results of runner shards merged into one run (records/allure_merge.py, `fa2-verify report A B ...`).
 
 The shards here are written by hand, as the property plugin writes them (a
 result per test, an attachment, ``environment.properties``);
@@ -15,7 +15,7 @@ import pytest
 
 from fa2_verify.cli import main as cli
 from fa2_verify.core.errors import UsageError
-from fa2_verify.verify import allure_merge
+from fa2_verify.records import allure_merge
 from tests.test_report_allure import FAKE_ALLURE_3
 
 RUN = {"kernel": "reference", "device": "cpu", "profile": "ci", "dtypes": "float32"}

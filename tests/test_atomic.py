@@ -1,4 +1,4 @@
-"""verify/atomic.py: reports and baselines take the mode the umask gives, and an unwritable path is refused
+"""core/outputs.py: reports and baselines take the mode the umask gives, and an unwritable path is refused
 up front, naming the flag and the reason."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from fa2_verify.core.errors import ReportError
-from fa2_verify.verify.atomic import check_outputs, check_writable, write_text_atomic
+from fa2_verify.core.outputs import check_outputs, check_writable, write_text_atomic
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from fa2_verify.core.contract import DTYPES
 from fa2_verify.verify.corpus import Corpus, load_corpus
 from fa2_verify.verify.metrics import OUTPUT_AXES, QUANTILES
 from tests.helpers import CAPABILITIES, COMMITTED, cases, summarize, synthetic_result
-from fa2_verify.verify import baseline as baselines
+from fa2_verify.records import baseline as baselines
 from fa2_verify.cli import main as cli
-from fa2_verify.verify import gate
+from fa2_verify.records import gate
 from fa2_verify.core.errors import BaselineError
 
 

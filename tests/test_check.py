@@ -19,7 +19,7 @@ import torch
 from fa2_verify import golden
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.verify import error_model
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.verify.check import check_case, run_cases
 from fa2_verify.core.errors import GoldenError, ReportError, UnsupportedCase

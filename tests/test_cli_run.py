@@ -25,7 +25,7 @@ from fa2_verify.kernels.reference import DEFERRED
 from fa2_verify.kernels.torch_flash import cuda_op_window
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
 from fa2_verify.verify.registry import load_kernel
-from fa2_verify.verify.report_json import SCHEMA_VERSION, load_tolerance_report
+from fa2_verify.records.report_json import SCHEMA_VERSION, load_tolerance_report
 from fa2_verify.verify.results import CaseResult
 from tests import breakers, crashing
 from tests.helpers import ctrl_c_raises

@@ -21,7 +21,7 @@ from fa2_verify.cli.commands import repro
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import visible_mask
 from fa2_verify.core.errors import CaseTooLarge
-from fa2_verify.properties import plugin, verdicts
+from fa2_verify.properties import options, verdicts
 from fa2_verify.properties import profiles
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import check, golden_time, memory
@@ -151,8 +151,8 @@ def test_a_bad_max_golden_seconds_is_one_line(value, capsys):
     error = capsys.readouterr().err
     assert raised.value.code == 2 and "--max-golden-seconds" in error and error.count("\n") == 1
     with pytest.raises(pytest.UsageError, match="--fa2-max-golden-seconds"):
-        plugin._seconds_option("--fa2-max-golden-seconds", value)
-    assert plugin._seconds_option("--fa2-max-golden-seconds", "90") == 90.0
+        options.seconds_option("--fa2-max-golden-seconds", value)
+    assert options.seconds_option("--fa2-max-golden-seconds", "90") == 90.0
 
 
 def test_the_property_suite_declines_a_case_over_its_time_limit():

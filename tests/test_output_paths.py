@@ -1,4 +1,4 @@
-"""Every command that writes checks its output paths before any work (verify/atomic.py): no output may be a
+"""Every command that writes checks its output paths before any work (core/outputs.py): no output may be a
 file the command reads, with or without --overwrite, and a symlink loop is one line, exit 2, not a traceback
 after the run."""
 
@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from fa2_verify.cli import main as cli
-from fa2_verify.verify import baseline as baselines
+from fa2_verify.records import baseline as baselines
 from fa2_verify.verify.corpus import DEFAULT_PATH
 from tests.helpers import COMMITTED
 

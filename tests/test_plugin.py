@@ -19,7 +19,7 @@ import pytest
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from fa2_verify.golden import options
-from fa2_verify.properties import inflight, plugin, profiles
+from fa2_verify.properties import device_pinning, inflight, plugin, profiles
 from tests import autotuning, crashing
 
 pytest_plugins = ("pytester",)
@@ -231,7 +231,7 @@ def test_two_shards_run_each_test_once_and_merge_into_the_unsharded_runs_verdict
     the same tests with the same statuses as the unsharded run's (the varlen tests, skipped as unsupported,
     included)."""
     from fa2_verify.cli import main as cli
-    from fa2_verify.verify import allure_merge
+    from fa2_verify.records import allure_merge
     from tests.test_report_allure import FAKE_ALLURE_3
 
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(pytester.path), str(pytestconfig.rootpath)]))
@@ -349,11 +349,11 @@ def test_a_kernel_that_kills_the_process_is_named_with_its_case_and_fails_the_ru
 
 
 LEAVES_A_RECORD = """
-from fa2_verify.properties import plugin
+from fa2_verify.properties import inflight_session
 
 def test_leaves_a_record(pytestconfig):
     record = {"kernel": "k", "device": "cpu", "test": "test_x", "case": {}, "reproduction": "fa2-verify repro"}
-    plugin.inflight_of(pytestconfig).begin(**record)
+    inflight_session.inflight_of(pytestconfig).begin(**record)
 """
 
 
@@ -474,21 +474,21 @@ WORKERS = {
 
 @pytest.mark.parametrize("device, worker, count, expected", WORKERS.values(), ids=WORKERS.keys())
 def test_worker_device(device, worker, count, expected):
-    assert plugin.worker_device(device, worker, count) == expected
+    assert device_pinning.worker_device(device, worker, count) == expected
 
 
 @pytest.mark.parametrize("cpus, workers, expected", [(64, 20, 3), (2, 2, 1), (2, 4, 1), (16, 1, 16)])
 def test_worker_threads_share_the_cores(cpus, workers, expected):
-    assert plugin.worker_threads(cpus, workers) == expected
+    assert device_pinning.worker_threads(cpus, workers) == expected
 
 
 def test_worker_share_applies_to_xdist_workers_unless_omp_num_threads_is_set(monkeypatch):
-    monkeypatch.delenv(plugin.THREADS_ENV, raising=False)
+    monkeypatch.delenv(device_pinning.THREADS_ENV, raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
-    assert plugin.worker_share(None) is None
-    assert plugin.worker_share({"workerid": "gw0", "workercount": 2}) == 4
-    monkeypatch.setenv(plugin.THREADS_ENV, "3")
-    assert plugin.worker_share({"workerid": "gw0", "workercount": 2}) is None
+    assert device_pinning.worker_share(None) is None
+    assert device_pinning.worker_share({"workerid": "gw0", "workercount": 2}) == 4
+    monkeypatch.setenv(device_pinning.THREADS_ENV, "3")
+    assert device_pinning.worker_share({"workerid": "gw0", "workercount": 2}) is None
 
 
 def test_golden_cache_is_shared_under_the_rootdir_unless_set(monkeypatch, tmp_path):

@@ -14,7 +14,7 @@ from fa2_verify.verify import metrics
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.cli.commands import run as run_command
 from fa2_verify.core.errors import ReportError
-from fa2_verify.verify.report_json import (
+from fa2_verify.records.report_json import (
     SCHEMA_VERSION,
     build_tolerance_report,
     group_comparisons,
@@ -22,7 +22,7 @@ from fa2_verify.verify.report_json import (
     merge_histograms,
     write_tolerance_report,
 )
-from fa2_verify.verify.report_markdown import render_tolerance
+from fa2_verify.records.report_markdown import render_tolerance
 from fa2_verify.verify.results import RunResult
 from tests.helpers import synthetic_result, synthetic_run
 

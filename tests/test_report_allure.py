@@ -3,7 +3,7 @@
 An inner pytest run (a subprocess, so allure-pytest's global state stays
 there) checks a few small cases of the ``reference`` kernel inside one
 Hypothesis-driven test; a ``pytest_runtest_call`` hook wrapper then calls
-:func:`verify.allure_report.record_property_test` once with every result, as
+:func:`records.allure_report.record_property_test` once with every result, as
 the property plugin does after a test's last example.
 """
 
@@ -17,7 +17,7 @@ import pathlib
 import pytest
 
 from tests.helpers import run_inner_suite, synthetic_result
-from fa2_verify.verify import allure_report
+from fa2_verify.records import allure_report
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import ReportError, UsageError
 

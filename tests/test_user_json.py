@@ -11,10 +11,10 @@ import pytest
 from fa2_verify.cli import main as cli
 from fa2_verify.core.errors import BaselineError, InputJsonError, ReportError
 from fa2_verify.core.user_json import MAX_DEPTH, MAX_NUMBER_CHARS, parse_json, read_json
-from fa2_verify.properties import plugin, schedule
-from fa2_verify.verify.baseline import load_baseline
+from fa2_verify.properties import ordering, schedule
+from fa2_verify.records.baseline import load_baseline
 from fa2_verify.verify.corpus import DEFAULT_PATH
-from fa2_verify.verify.report_json import load_tolerance_report
+from fa2_verify.records.report_json import load_tolerance_report
 
 DEEP = "[" * 20000 + "]" * 20000
 LONG_INTEGER = '{"batch": ' + "1" * 5000 + "}"
@@ -100,7 +100,7 @@ def test_a_bad_durations_file_is_a_pytest_usage_error_not_an_internal_error(cont
     path = tmp_path / "durations.json"
     path.write_text(content)
     with pytest.raises(pytest.UsageError) as raised:
-        plugin._durations_option(str(path), "reference cpu dev")
+        ordering.durations_option(str(path), "reference cpu dev")
     assert str(raised.value).startswith(f"--fa2-durations={path}: ") and "\n" not in str(raised.value)
     path.write_text(json.dumps({"reference cpu dev": {"test_g.py::test_a[float16]": [1.5]}}))
-    assert plugin._durations_option(str(path), "reference cpu dev") == {"test_g.py::test_a[float16]": [1.5]}
+    assert ordering.durations_option(str(path), "reference cpu dev") == {"test_g.py::test_a[float16]": [1.5]}

@@ -36,7 +36,7 @@ from fa2_verify.bench.sweep import SWEEP_POINTS, best_tiles, sweep_point
 from fa2_verify.bench.timing import BENCH_ROWS, DTYPES_BENCHED, SEQLENS, BenchRow, bench_row, dq_spread
 from fa2_verify.core.errors import UsageError
 from fa2_verify.kernels.triton_fa2.configs import bucket
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 
 SECTIONS = ("check", "spread", "sweep", "bench")
 

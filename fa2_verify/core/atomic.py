@@ -6,7 +6,7 @@ mode ``0o666`` less the process umask (as ``open`` creates any file, so
 takes the target's name in one step: ``os.replace``
 when overwriting is allowed, else ``os.link``, which fails with
 :class:`FileExistsError` if the name exists, so an existing file is never
-clobbered, not even by a concurrent writer.  Reports (:mod:`verify.atomic`),
+clobbered, not even by a concurrent writer.  Reports (:mod:`core.outputs`),
 golden cache entries (:mod:`golden.cache`) and the property suite's
 in-flight records (:mod:`properties.inflight`) are written through it.
 

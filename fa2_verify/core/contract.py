@@ -588,5 +588,5 @@ class KernelHooks(Protocol):
 
     @property
     def version(self) -> str:
-        """The kernel's version for reports; else its distribution's (:func:`verify.report_json.kernel_version`)."""
+        """The kernel's version for reports; else its distribution's (:func:`records.report_json.kernel_version`)."""
         ...

@@ -3,7 +3,7 @@
 ``pytest --fa2-shard I/N`` runs the I-th of N groups of the property tests
 (:mod:`properties.runner_shards` chooses them), and the run's Allure results
 record ``I/N`` so that ``fa2-verify report`` can tell a complete set of
-shards from an incomplete one (:mod:`verify.allure_merge`).  Shards are
+shards from an incomplete one (:mod:`records.allure_merge`).  Shards are
 numbered from 1; an unsplit run is shard ``1/1``.  Not to be confused with a
 property's dtype shards (``test_x[float16]``, :func:`properties.harness.shards`),
 which every runner shard keeps together or apart like any other test.

@@ -21,6 +21,12 @@ profiles and the report.  The parts, one concept per module:
   check, breaker), :mod:`~properties.harness` (declarations made into tests,
   and searched outside pytest) and :mod:`~properties.session` (the per-run
   :class:`~properties.session.Suite`);
+* the pytest plugin (:mod:`~properties.plugin`: options and hooks only) and
+  what its hooks call: :mod:`~properties.options`,
+  :mod:`~properties.device_pinning`, :mod:`~properties.inflight_session`,
+  :mod:`~properties.collection`, :mod:`~properties.ordering`,
+  :mod:`~properties.runtest`, :mod:`~properties.allure_results` and
+  :mod:`~properties.summary`;
 * the declarations: ``test_golden.py`` (every output against the mpmath
   golden), ``test_metamorphic.py`` (the kernel against itself on related
   inputs) and ``test_determinism.py``.

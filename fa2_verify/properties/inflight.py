@@ -13,7 +13,7 @@ the session is over was left by a process that died during that example:
 
 * with pytest-xdist the controller outlives its workers; it reads the files
   at the end of the session (:func:`left_behind`), reports each in its
-  terminal summary and fails the run (:mod:`properties.plugin`);
+  terminal summary and fails the run (:mod:`properties.summary`);
 * without xdist the process that dies is pytest itself, so the first record
   starts a watcher process (:func:`watch`) that waits for pytest to exit and
   then prints the records left behind on stderr.  pytest's exit status is

@@ -222,3 +222,33 @@ class Suite:
         }
         self._worst, self._unsupported = {}, {}
         return observed
+
+
+def build_suite(config: Any) -> Suite:
+    """The :class:`Suite` of a pytest session (the plugin's ``fa2_suite`` fixture), from its options
+    (:mod:`properties.options`): a kernel that does not load is the usage error naming ``--fa2-kernel``."""
+    from fa2_verify.core.errors import Fa2VerifyError
+    from fa2_verify.golden.options import GoldenOptions, shared_cache_dir
+    from fa2_verify.properties import profiles
+    from fa2_verify.properties.inflight_session import inflight_of
+    from fa2_verify.properties.kernel_errors import SHARED_FILE
+    from fa2_verify.properties.options import of, usage
+    from fa2_verify.verify.registry import load_kernel
+
+    options = of(config)
+    try:
+        kernel = load_kernel(options["kernel"])
+    except Fa2VerifyError as exc:
+        raise usage("--fa2-kernel", options["kernel"], str(exc)) from None
+    return Suite(
+        kernel=kernel,
+        device=options["device"],
+        profile=profiles.get(options["profile"]),
+        golden_options=GoldenOptions(cache_dir=shared_cache_dir(config.rootpath)),
+        dtypes=options["dtypes"],
+        inflight=inflight_of(config),
+        max_golden_seconds=options["max_golden_seconds"],
+        kernel_errors=KernelErrors(inflight_of(config).directory / SHARED_FILE),
+        failure_log=FailureLog(options["failures"], kernel.name, options["device"]) if options["failures"] else None,
+        shape_classes=ShapeClasses(options["shape_classes"]) if options["shape_classes"] else None,
+    )

@@ -23,7 +23,7 @@ import json
 import pathlib
 from typing import Any
 
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.user_json import read_json

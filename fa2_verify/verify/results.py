@@ -135,7 +135,7 @@ class RunResult:
         return {status: sum(case.status == status for case in self.cases) for status in STATUSES}
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready record of the run (``tolerance.json`` wraps it, see :mod:`verify.report_json`)."""
+        """JSON-ready record of the run (``tolerance.json`` wraps it, see :mod:`records.report_json`)."""
         return {
             "kernel": self.kernel,
             "device": self.device,

@@ -1,7 +1,7 @@
 """``fa2-verify baseline``: record a kernel's baseline on the gate corpus.
 
 Runs every corpus case of the chosen dtypes through the kernel
-(:func:`verify.baseline.record`), prints one line per (dtype, output, feature)
+(:func:`records.baseline.record`), prints one line per (dtype, output, feature)
 group and writes the baseline JSON to ``--out``.  ``--repeats N`` runs the
 corpus N times and stores the spread of each quantile as its jitter, which the
 gate adds to its margin (for kernels whose results vary from run to run, such
@@ -18,12 +18,12 @@ from __future__ import annotations
 import pathlib
 
 from fa2_verify.golden.options import CACHE_ENV, DEFAULT_CACHE_DIR, GoldenOptions, shared_cache_dir
-from fa2_verify.verify import baseline as baselines
+from fa2_verify.records import baseline as baselines
 from fa2_verify.cli.commands.corpus import add_corpus_option
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import Corpus, load_corpus
 from fa2_verify.core.errors import UsageError
-from fa2_verify.verify.atomic import check_outputs
+from fa2_verify.core.outputs import check_outputs
 
 
 def add_parser(subparsers) -> None:

@@ -13,7 +13,7 @@ import dataclasses
 import pathlib
 
 from fa2_verify.cli.commands.repro import parse_case
-from fa2_verify.verify.atomic import check_outputs
+from fa2_verify.core.outputs import check_outputs
 from fa2_verify.verify.corpus import DEFAULT_PATH, load_corpus, save_corpus
 
 

@@ -1,10 +1,10 @@
 """``fa2-verify gate``: fail when a kernel regresses against its baseline on the gate corpus.
 
 Checks first the whole baseline (its JSON Schema and invariants,
-:func:`verify.baseline.load_baseline`), that it matches this run (kernel,
+:func:`records.baseline.load_baseline`), that it matches this run (kernel,
 device and its name, corpus version and digest, schema version, dtype set)
-and that it covers every case and group of it (:func:`verify.gate.check_compatible`),
-and fails closed when it does not; then runs the corpus and compares (:mod:`verify.gate`), printing
+and that it covers every case and group of it (:func:`records.gate.check_compatible`),
+and fails closed when it does not; then runs the corpus and compares (:mod:`records.gate`), printing
 every regression: which quantile of which (dtype, output, feature) rose and by
 how much, which case newly fails, which capability disappeared.  Exit status:
 0 no regression, 1 a regression, 2 a missing, corrupt or mismatched baseline
@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import pathlib
 
-from fa2_verify.verify import baseline as baselines
-from fa2_verify.verify import gate
-from fa2_verify.verify.atomic import check_outputs, write_text_atomic
+from fa2_verify.records import baseline as baselines
+from fa2_verify.records import gate
+from fa2_verify.core.outputs import check_outputs, write_text_atomic
 from fa2_verify.cli.commands.baseline import add_corpus_arguments, golden_options, parse_dtypes
 from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
 from fa2_verify.verify.corpus import load_corpus
 from fa2_verify.core.errors import UsageError
-from fa2_verify.verify.report_markdown import render_gate
+from fa2_verify.records.report_markdown import render_gate
 
 
 def add_parser(subparsers) -> None:

@@ -37,7 +37,7 @@ from fa2_verify.core.user_json import read_json
 from fa2_verify.core.varlen import VarlenSpec, spec_from_dict
 from fa2_verify.properties.race import CaseRace, race_case
 from fa2_verify.verify import device_fault
-from fa2_verify.verify.atomic import check_outputs, write_text_atomic
+from fa2_verify.core.outputs import check_outputs, write_text_atomic
 from fa2_verify.verify.fixed_cases import fitted_cases
 from fa2_verify.verify.memory import require_fits
 from fa2_verify.verify.race_cases import RACE_CASES

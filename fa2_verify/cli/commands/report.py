@@ -2,24 +2,24 @@
 
 ``pytest --alluredir allure-results`` writes one Allure result per property
 test, with its error histograms and data attached
-(:mod:`verify.allure_report`); this command runs ``allure generate`` on them.
+(:mod:`records.allure_report`); this command runs ``allure generate`` on them.
 Several directories are the runner shards of one run (``--fa2-shard I/N``):
 they are merged into one set of results first (``--merged-results DIR`` keeps
 it), and refused in one line unless they are every shard of one run, each
-test in one of them (:mod:`verify.allure_merge`).
+test in one of them (:mod:`records.allure_merge`).
 Allure 3 is the npm package ``allure``: ``npm ci --prefix ci`` installs the
 version pinned in ``ci/package.json``.  Exit status: 0 once generated, 2 when
 the results are missing or are not every shard of one run, the output exists without ``--overwrite``, is a file
 or holds the results or the current directory, Allure 3 is not installed, or
 ``allure generate`` fails (one line on stderr; an old report is replaced only
-by a complete new one, :func:`verify.atomic.directory_replacing`).
+by a complete new one, :func:`core.outputs.directory_replacing`).
 """
 
 from __future__ import annotations
 
 import pathlib
 
-from fa2_verify.verify.allure_report import generate_html
+from fa2_verify.records.allure_report import generate_html
 
 
 def add_parser(subparsers) -> None:

@@ -12,7 +12,7 @@ under ``fitted to the kernel:``, says what changed), through the kernel on ``--d
 p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
 description for each failing output, the seconds each case spent in the
 kernel, the golden and the comparison, the case set it ran, and writes
-``DIR/tolerance.json`` (:mod:`verify.report_json`) when ``--report DIR`` is
+``DIR/tolerance.json`` (:mod:`records.report_json`) when ``--report DIR`` is
 given.  Before each case it writes ``fa2-verify: running case I of N: NAME``
 to stderr, so a kernel that kills the process (a segfault, an abort) leaves
 the case it was on as the last line, to re-run alone with ``--case NAME``.
@@ -43,7 +43,7 @@ import sys
 
 import torch
 
-from fa2_verify.verify.atomic import check_outputs, write_text_atomic
+from fa2_verify.core.outputs import check_outputs, write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
 from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_pairs, fitting
@@ -54,8 +54,8 @@ from fa2_verify.verify.scale_cases import SCALE_CASES
 from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
 from fa2_verify.verify.metrics import describe_failure
 from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
-from fa2_verify.verify.report_json import build_tolerance_report, collect_environment, write_tolerance_report
-from fa2_verify.verify.report_markdown import render_tolerance
+from fa2_verify.records.report_json import build_tolerance_report, collect_environment, write_tolerance_report
+from fa2_verify.records.report_markdown import render_tolerance
 from fa2_verify.verify.results import CaseResult, RunResult
 from fa2_verify.core.case import CaseSpec
 

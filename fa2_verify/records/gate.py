@@ -29,7 +29,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from fa2_verify.verify.baseline import BASELINE_METRICS, Baseline, require_consistent_verdicts, require_coverage
+from fa2_verify.records.baseline import BASELINE_METRICS, Baseline, require_consistent_verdicts, require_coverage
 from fa2_verify.verify.results import device_name
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, UsageError
@@ -137,10 +137,10 @@ def check_compatible(
     First the dtypes asked for (a dtype the corpus lacks is a one-line
     :class:`UsageError` naming it, not a baseline mismatch), then the identity
     (kernel, device, corpus, dtypes), then the coverage
-    (:func:`verify.baseline.require_coverage`): a verdict for every case and a
+    (:func:`records.baseline.require_coverage`): a verdict for every case and a
     group for every output those cases compared, and last that no group's
     quantiles contradict its cases' verdicts
-    (:func:`verify.baseline.require_consistent_verdicts`).
+    (:func:`records.baseline.require_consistent_verdicts`).
     """
     selected = corpus.select(dtypes)
     expected = {

@@ -20,7 +20,7 @@ feature being :meth:`core.case.CaseSpec.feature`.  Its histogram is the
 bin-wise sum of the cases' fixed-edge histograms (:mod:`verify.metrics`); its
 quantiles are, for each quantile name, the largest value among its cases (the
 worst case's p50, p99, ...), since per-case quantiles cannot be pooled exactly.
-The gate (:mod:`verify.gate`) compares these same group quantiles.
+The gate (:mod:`records.gate`) compares these same group quantiles.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from fa2_verify import __version__
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 from fa2_verify.core.errors import InputJsonError, ReportError
 from fa2_verify.core.user_json import read_json
 from fa2_verify.verify.metrics import Distribution, OutputComparison, describe_failure, encode_float

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from fa2_verify.verify.report_json import max_quantiles, merge_histograms
+from fa2_verify.records.report_json import max_quantiles, merge_histograms
 
 if TYPE_CHECKING:
     from fa2_verify.verify.metrics import Distribution, OutputComparison

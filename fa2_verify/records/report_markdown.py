@@ -1,10 +1,10 @@
 """Markdown summaries for a CI job summary (``>> $GITHUB_STEP_SUMMARY``).
 
-:func:`render_tolerance` summarizes a tolerance report (:mod:`verify.report_json`):
+:func:`render_tolerance` summarizes a tolerance report (:mod:`records.report_json`):
 the verdict, the environment, one table row per (dtype, output, feature) group
 with its normalized-error and ULP quantiles (docs/error-model.md), every
 failure with its reproduction line, and the unsupported capabilities.
-:func:`render_gate` summarizes a gate verdict (:mod:`verify.gate`).
+:func:`render_gate` summarizes a gate verdict (:mod:`records.gate`).
 Both are plain functions of plain data: they never touch a kernel or a file.
 """
 
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from fa2_verify.verify.metrics import decode_float
 
 if TYPE_CHECKING:
-    from fa2_verify.verify.gate import GateResult
+    from fa2_verify.records.gate import GateResult
 
 #: Failures listed in full before the rest are only counted (the JSON has them all).
 MAX_FAILURES = 20
@@ -51,7 +51,7 @@ def _fence(text: str) -> str:
 
 
 def render_tolerance(report: dict[str, Any]) -> str:
-    """A Markdown summary of a tolerance report dict (schema of :mod:`verify.report_json`)."""
+    """A Markdown summary of a tolerance report dict (schema of :mod:`records.report_json`)."""
     summary = report["summary"]
     lines = [
         f"## fa2-verify: `{report['kernel']}` on `{report['device']}`: {report['verdict'].upper()}",

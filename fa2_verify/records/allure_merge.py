@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.runner_shard import WHOLE_RUN, RunnerShard
 from fa2_verify.core.user_json import read_json
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 
 #: Allure's description of the environment of a run, one ``key=value`` per line (Java properties).
 RUN_FILE = "environment.properties"

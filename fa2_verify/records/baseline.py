@@ -3,7 +3,7 @@
 A baseline is recorded by running every corpus case of the chosen dtypes
 through the kernel (:func:`measure`) and keeping, per (dtype, output,
 feature) group, the quantiles of the normalized error and of the ULP distance
-(each the largest per-case value of the group, as in :mod:`verify.report_json`),
+(each the largest per-case value of the group, as in :mod:`records.report_json`),
 plus every case's verdict and the kernel's capabilities.  Layout
 (schema_version 1; docs/reports-and-gate.md)::
 
@@ -44,7 +44,7 @@ import jsonschema
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import Capabilities
-from fa2_verify.verify.atomic import write_text_atomic
+from fa2_verify.core.outputs import write_text_atomic
 from fa2_verify.verify.check import run_cases
 from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, InputJsonError
@@ -52,7 +52,7 @@ from fa2_verify.core.user_json import parse_json
 from fa2_verify.verify.error_model import THRESHOLDS
 from fa2_verify.verify.metrics import QUANTILES, encode_float
 from fa2_verify.verify.registry import LoadedKernel
-from fa2_verify.verify.report_json import collect_environment, group_comparisons, max_quantiles
+from fa2_verify.records.report_json import collect_environment, group_comparisons, max_quantiles
 from fa2_verify.verify.results import CaseResult, RunResult, device_name
 
 SCHEMA = "fa2-verify/baseline"
@@ -61,7 +61,7 @@ SCHEMA_VERSION = 1
 #: The JSON Schema of a baseline file (package data); :func:`baseline_from_dict` adds what a schema cannot state.
 SCHEMA_PATH = pathlib.Path(__file__).resolve().parent / "schemas" / "baseline.schema.json"
 
-#: The metrics a baseline keeps (dimensionless both); :mod:`verify.gate` decides which of them gate.
+#: The metrics a baseline keeps (dimensionless both); :mod:`records.gate` decides which of them gate.
 BASELINE_METRICS: tuple[str, ...] = ("normalized", "ulp")
 
 #: Worse statuses win when repeats disagree.

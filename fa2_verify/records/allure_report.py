@@ -11,14 +11,14 @@ That adds to the test's single Allure result
   ``unsupported`` (cases skipped with their reason), the last two excluded
   from Allure's history id, so a test keeps its history across runs;
 * one PNG per output: the normalized-error and ULP histograms over every
-  example (:func:`verify.plots.histogram_png`; docs/error-model.md);
+  example (:func:`records.plots.histogram_png`; docs/error-model.md);
 * the data as CSV (one row per case and output, with quantiles) and as JSON
   (every :meth:`CaseResult.to_dict`); each CSV row ends with its case spec
   JSON, the argument of ``fa2-verify repro --case``.
 
 Without ``--alluredir`` nothing is drawn or attached.  :func:`generate_html`
 turns a results directory (or the merged results of several runner shards,
-:mod:`verify.allure_merge`) into an HTML report with Allure 3 (the npm package
+:mod:`records.allure_merge`) into an HTML report with Allure 3 (the npm package
 ``allure``; ``npm ci --prefix ci`` installs the pinned version into
 ``ci/node_modules``).
 """
@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from fa2_verify.core.errors import ReportError, UsageError
-from fa2_verify.verify import allure_merge
-from fa2_verify.verify.atomic import check_output_directory, directory_replacing
+from fa2_verify.records import allure_merge
+from fa2_verify.core.outputs import check_output_directory, directory_replacing
 from fa2_verify.verify.metrics import QUANTILES
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ def attach_distributions(test_name: str, results: Sequence[CaseResult]) -> None:
     """Attach the histogram PNG of each output and the CSV/JSON data to the running test, once."""
     import allure
 
-    from fa2_verify.verify.plots import histogram_png
+    from fa2_verify.records.plots import histogram_png
 
     by_output: dict[str, list] = {}
     for result in results:
@@ -220,7 +220,7 @@ def generate_html(
     merged_dir: pathlib.Path | None = None,
 ) -> pathlib.Path:
     """``allure generate RESULTS -o OUT``: the HTML report of an allure-results directory, or of the results
-    of several runner shards of one run merged (:mod:`verify.allure_merge`; ``merged_dir``: keep the merged
+    of several runner shards of one run merged (:mod:`records.allure_merge`; ``merged_dir``: keep the merged
     results there too).  Everything is checked before anything is written."""
     merge = allure_merge.plan([results] if isinstance(results, (str, os.PathLike)) else results)
     inputs = [("results", directory) for directory in merge.directories]
@@ -245,7 +245,7 @@ def generate_html(
 def _check_directory_output(
     path: pathlib.Path, overwrite: bool, flag: str, inputs: list[tuple[str, pathlib.Path | None]]
 ) -> pathlib.Path:
-    """:func:`verify.atomic.check_output_directory` of ``path`` against each of ``inputs``, the results read and
+    """:func:`core.outputs.check_output_directory` of ``path`` against each of ``inputs``, the results read and
     the other directory written."""
     for label, where in inputs:
         if where is not None:
