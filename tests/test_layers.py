@@ -1,8 +1,9 @@
 """The package's layers only point down (docs/design.md, "Layers"), read from the imports of every module.
 
 ``core`` imports nothing else of fa2-verify; ``kernels`` and ``golden`` only
-``core``; ``verify`` those three; ``bench`` and ``properties`` everything below
-them, not each other; ``cli`` sits on top.  A module may import its own layer.
+``core``; ``verify`` those three; ``app`` those four; ``bench`` and
+``properties`` everything below them, not each other; ``cli`` sits on top.  A
+module may import its own layer.
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "kernels": frozenset({"core"}),
     "golden": frozenset({"core"}),
     "verify": frozenset({"core", "kernels", "golden"}),
-    "bench": frozenset({"core", "kernels", "golden", "verify"}),
-    "properties": frozenset({"core", "kernels", "golden", "verify"}),
-    "cli": frozenset({"core", "kernels", "golden", "verify", "bench", "properties"}),
+    "app": frozenset({"core", "kernels", "golden", "verify"}),
+    "bench": frozenset({"core", "kernels", "golden", "verify", "app"}),
+    "properties": frozenset({"core", "kernels", "golden", "verify", "app"}),
+    "cli": frozenset({"core", "kernels", "golden", "verify", "app", "bench", "properties"}),
 }
 
 

@@ -69,7 +69,7 @@ import pytest
 
 from fa2_verify.core.runner_shard import WHOLE_RUN, RunnerShard
 from fa2_verify.properties import profiles, runner_shards, schedule
-from fa2_verify.properties.declaration import Property
+from fa2_verify.properties.declaration import MARKER, Property
 from fa2_verify.properties.inflight import InFlight, Record, left_behind, session_directory
 from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
 
@@ -77,7 +77,6 @@ EXAMPLES_DIR = ".fa2-examples"
 DEFAULT_DEVICE = "cpu"
 #: The property tests run only on a kernel named on the command line: never on a default the user did not ask for.
 KERNEL_REQUIRED = "--fa2-kernel=NAME|module:attr, the kernel under test (e.g. --fa2-kernel=reference)"
-MARKER = "fa2_property"
 THREADS_ENV = "OMP_NUM_THREADS"
 #: The key of the session's in-flight directory in an xdist worker's ``workerinput``.
 INFLIGHT_DIR = "fa2_inflight_dir"
@@ -435,15 +434,17 @@ def pytest_configure_node(node) -> None:
 def _validate_target(
     kernel_name: str, device: str, dtypes: tuple[str, ...] | None, workerinput: dict[str, Any] | None, *, pin: bool
 ) -> str:
-    """Load the kernel, call its hooks and check the device now, so a typo or a hook that raises fails before
-    any test (a usage error naming the flag, never an INTERNALERROR); return the worker's device.
+    """Load the kernel (:func:`app.targets.load_target`: once in the process), call its hooks and check the
+    device now, so a typo or a hook that raises fails before any test (a usage error naming the flag, never an
+    INTERNALERROR); return the worker's device.
 
     ``pin``: make the device current in this process (a process that runs tests).
     """
     import torch
 
+    from fa2_verify.app.targets import load_target
     from fa2_verify.core.errors import Fa2VerifyError
-    from fa2_verify.verify.registry import load_kernel, require_device
+    from fa2_verify.verify.registry import require_device
 
     try:
         torch.device(device)
@@ -454,7 +455,7 @@ def _validate_target(
     except Fa2VerifyError as exc:
         raise _usage("--fa2-device", device, str(exc).removeprefix(f"--device={device}: ")) from None
     try:
-        kernel = load_kernel(kernel_name)
+        kernel = load_target(kernel_name)
         kernel.unavailable_reason(device)
         kernel.config()
         supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())
@@ -485,12 +486,12 @@ def fa2_suite(request: pytest.FixtureRequest):
     from fa2_verify.properties.kernel_errors import SHARED_FILE, KernelErrors
     from fa2_verify.properties.session import Suite
     from fa2_verify.properties.shape_classes import ShapeClasses
+    from fa2_verify.app.targets import load_target
     from fa2_verify.core.errors import Fa2VerifyError
-    from fa2_verify.verify.registry import load_kernel
 
     options = request.config.stash[_options_key]
     try:
-        kernel = load_kernel(options["kernel"])
+        kernel = load_target(options["kernel"])
     except Fa2VerifyError as exc:
         raise _usage("--fa2-kernel", options["kernel"], str(exc)) from None
     return Suite(
@@ -512,12 +513,12 @@ def _shard_dtypes(config: pytest.Config) -> tuple[str, ...]:
     kernel cannot run here or has no dtype on the device (its single test is then skipped with the reason)
     or does not load (the ``suite`` fixture then raises the usage error naming ``--fa2-kernel``)."""
     from fa2_verify.core.errors import Fa2VerifyError
+    from fa2_verify.app.targets import load_target
     from fa2_verify.properties.inputs import drawn_dtypes
-    from fa2_verify.verify.registry import load_kernel
 
     options = config.stash[_options_key]
     try:
-        kernel = load_kernel(options["kernel"])
+        kernel = load_target(options["kernel"])
         if kernel.unavailable_reason(options["device"]) is not None:
             return ()
         return drawn_dtypes(capabilities=kernel.capabilities, device=options["device"], include=options["dtypes"])
