@@ -1,4 +1,4 @@
-"""Who imports whom, read from the source (docs/design.md, "Layers"): three rules besides the layers'.
+"""Who imports whom, read from the source (docs/design.md, "Layers"): two rules besides the layers'.
 
 * No module of ``fa2_verify`` imports a command module (``fa2_verify.cli.commands.*``)
   but ``cli/main.py``, which registers them: what several commands share lives in
@@ -7,10 +7,9 @@
   the module-level import graph, imports inside functions included, has no
   strongly connected component of more than one module.  An import under
   ``if TYPE_CHECKING:`` is for annotations only, never run, and is left out.
-* No file under ``tests/`` imports from ``lab`` (the project's own
-  measurements, none of them part of the product).
 
-Each rule has a self-test showing that it sees a violation.
+Each rule has a self-test showing that it sees a violation.  That no test
+imports from ``lab/`` is tests/test_repository_layout.py's rule.
 """
 
 from __future__ import annotations
@@ -18,10 +17,7 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pytest
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "fa2_verify"
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "fa2_verify"
 COMMANDS = "fa2_verify.cli.commands"
 #: The one module that may import the command modules: it registers them.
 REGISTRY_OF_COMMANDS = "fa2_verify.cli.main"
@@ -139,17 +135,6 @@ def command_importers(package: pathlib.Path) -> dict[str, set[str]]:
     }
 
 
-def lab_imports(path: pathlib.Path) -> set[str]:
-    """The ``lab`` modules ``path`` imports (absolute imports of ``lab`` or ``lab.*``)."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return {name for name in names if name == "lab" or name.startswith("lab.")}
-
-
 def test_no_module_but_main_imports_a_command_module():
     offenders = command_importers(PACKAGE)
     assert not offenders, f"import what commands share from fa2_verify.app or cli/arguments.py instead: {offenders}"
@@ -158,11 +143,6 @@ def test_no_module_but_main_imports_a_command_module():
 def test_no_modules_import_each_other():
     found = cycles(import_graph(PACKAGE))
     assert not found, "import cycles (move the shared piece down): " + "; ".join(" -> ".join(c) for c in found)
-
-
-@pytest.mark.parametrize("path", sorted(ROOT.joinpath("tests").rglob("*.py")), ids=lambda path: path.name)
-def test_no_test_imports_from_lab(path):
-    assert not lab_imports(path), f"{path.relative_to(ROOT)} imports {sorted(lab_imports(path))} from lab/"
 
 
 def _package(tmp_path: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
@@ -179,11 +159,11 @@ def test_the_command_check_sees_a_module_importing_a_command(tmp_path):
         "cli/__init__.py": "", "cli/commands/__init__.py": "", "cli/commands/run.py": "def helper():\n    pass\n",
         "cli/main.py": "from fa2_verify.cli.commands import run\n",
         "cli/commands/repro.py": "from fa2_verify.cli.commands.run import helper\n",
-        "lab_like.py": "def f():\n    import fa2_verify.cli.commands.run\n",
+        "other.py": "def f():\n    import fa2_verify.cli.commands.run\n",
     })
     assert command_importers(package) == {
         "fa2_verify.cli.commands.repro": {"fa2_verify.cli.commands.run"},
-        "fa2_verify.lab_like": {"fa2_verify.cli.commands.run"},
+        "fa2_verify.other": {"fa2_verify.cli.commands.run"},
     }
 
 
@@ -197,9 +177,3 @@ def test_the_cycle_check_sees_modules_importing_each_other(tmp_path):
         "f.py": "from fa2_verify import a\n",
     })
     assert cycles(import_graph(package)) == [["fa2_verify.a", "fa2_verify.b", "fa2_verify.c", "fa2_verify.a"]]
-
-
-def test_the_lab_check_sees_a_test_importing_from_lab(tmp_path):
-    test = tmp_path / "test_x.py"
-    test.write_text("import os\nfrom lab.probes import probe_bias\n\ndef test_x():\n    import lab\n")
-    assert lab_imports(test) == {"lab", "lab.probes"}

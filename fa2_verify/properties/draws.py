@@ -112,7 +112,7 @@ def drawn_cases(capabilities: Capabilities, device: str, limits: Limits, example
     suite = _Drawing(_Target(capabilities), device, limits)
     cases: list[tuple[CaseSpec, str]] = []
     for prop in declared_properties():
-        if missing_requirement(prop, suite) is not None:  # type: ignore[arg-type]  # the suite's reads only
+        if missing_requirement(prop, suite) is not None:
             continue
 
         def body(data: Any, prop=prop) -> None:
