@@ -26,7 +26,8 @@ from fa2_verify.properties import harness, profiles
 from fa2_verify.properties.session import Suite
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.verify.check import check_case
-from fa2_verify.verify.registry import LoadedKernel, load_kernel
+from fa2_verify.app.targets import load_target
+from fa2_verify.verify.registry import LoadedKernel
 
 REPOSITORY = pathlib.Path(__file__).resolve().parents[1]
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     names = [name for name in args.mutants.split(",") if name] or list(MUTANTS)
     profile = profiles.get(args.profile)
-    check_case(load_kernel("reference"), make_case(WARM_UP))
+    check_case(load_target("reference"), make_case(WARM_UP))
     print("| mutant | caught by | examples | seconds |")
     print("| --- | --- | ---: | ---: |")
     missed = 0

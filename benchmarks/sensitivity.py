@@ -70,7 +70,8 @@ from fa2_verify.core.errors import Fa2VerifyError, UsageError
 from fa2_verify.verify import check, error_model, metrics
 from fa2_verify.core.outputs import check_writable, write_text_atomic
 from fa2_verify.verify.kernel_call import run_case
-from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
+from fa2_verify.app.targets import load_target
+from fa2_verify.verify.registry import LoadedKernel, require_device
 
 #: Rows of one query tile and keys of one key block, as the bugs plant them.
 TILE = 64
@@ -430,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         configs = configs_of(args.lengths, args.dtypes, args.causal)
         check_writable(args.out, overwrite=args.overwrite, flag="--out")
         require_device(args.device)
-        kernel = load_kernel(args.kernel or ("reference" if args.device == "cpu" else "triton"))
+        kernel = load_target(args.kernel or ("reference" if args.device == "cpu" else "triton"))
         device_name = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
         baseline, rows = sensitivity_rows(kernel, configs, args.device, args.max_queries,
                                           progress=lambda line: print(line, flush=True))

@@ -23,7 +23,7 @@ from typing import Iterator
 import pytest
 import torch
 
-from fa2_verify.cli.commands.run import failure_descriptions
+from fa2_verify.cli.tables import failure_descriptions
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import Capabilities, dtype_name
 from fa2_verify.records import baseline as baselines

@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from fa2_verify.core.contract import DTYPES
-from fa2_verify.verify.corpus import Corpus, load_corpus
+from fa2_verify.app.cases.gate_corpus import load_corpus
+from fa2_verify.verify.corpus import Corpus
 from fa2_verify.verify.metrics import OUTPUT_AXES, QUANTILES
 from tests.helpers import CAPABILITIES, COMMITTED, cases, summarize, synthetic_result
 from fa2_verify.records import baseline as baselines

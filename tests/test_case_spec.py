@@ -16,7 +16,7 @@ from fa2_verify.cli import main as cli
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.varlen import VarlenSpec, spec_from_dict
-from fa2_verify.verify.corpus import load_corpus, save_corpus
+from fa2_verify.app.cases.gate_corpus import load_corpus, save_corpus
 
 GOOD = CaseSpec(batch=1, seqlen_q=5, seqlen_k=7, heads_q=4, heads_kv=2, head_dim=8, dtype="float32", name="good")
 

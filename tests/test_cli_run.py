@@ -23,7 +23,8 @@ from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.cli.main import main
 from fa2_verify.kernels.reference import DEFERRED
 from fa2_verify.kernels.torch_flash import cuda_op_window
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_cases
+from fa2_verify.app.cases.fitting import fitted_cases
+from fa2_verify.app.cases.fixed import FIXED_CASES
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.records.report_json import SCHEMA_VERSION, load_tolerance_report
 from fa2_verify.verify.results import CaseResult

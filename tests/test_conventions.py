@@ -30,7 +30,8 @@ from fa2_verify.kernels.autograd import recomputed_gradients
 from fa2_verify.properties import masks
 from fa2_verify.properties.cases import case_specs
 from fa2_verify.verify.check import check_case
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fit_case, fitted_cases
+from fa2_verify.app.cases.fitting import fit_case, fitted_cases
+from fa2_verify.app.cases.fixed import FIXED_CASES
 from fa2_verify.verify.registry import LoadedKernel
 from tests import user_kernels
 

@@ -9,7 +9,8 @@ import pytest
 
 from fa2_verify.cli import main as cli
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.verify.corpus import DEFAULT_PATH, Corpus, corpus_from_dict, load_corpus, save_corpus
+from fa2_verify.app.cases.gate_corpus import DEFAULT_PATH, load_corpus, save_corpus
+from fa2_verify.verify.corpus import Corpus, corpus_from_dict
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.values import GENERATORS
 

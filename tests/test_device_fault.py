@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from fa2_verify.cli import supervisor
+from fa2_verify.cli import child
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.verify import continuation, device_fault, watchdog
@@ -113,7 +113,7 @@ def test_repro_of_the_faulting_case_fails_naming_the_fault(working_device, capsy
 def test_outside_the_supervisor_the_command_reruns_as_python_m_fa2_verify(monkeypatch):
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda argv, env: calls.append((argv, env)) or subprocess.CompletedProcess(argv, 1))
-    assert supervisor.rerun(["run", "--kernel", "reference"], {continuation.ENV: "/tmp/x"}) == 1
+    assert child.rerun(["run", "--kernel", "reference"], {continuation.ENV: "/tmp/x"}) == 1
     [(argv, env)] = calls
     assert argv[1:] == ["-m", "fa2_verify", "run", "--kernel", "reference"] and env[continuation.ENV] == "/tmp/x"
 

@@ -19,7 +19,8 @@ from tests import degraded
 from tests.helpers import CAPABILITIES, COMMITTED, cases, summarize, synthetic_result
 from fa2_verify.cli import main as cli
 from fa2_verify.records import gate
-from fa2_verify.verify.corpus import Corpus, load_corpus, save_corpus
+from fa2_verify.app.cases.gate_corpus import load_corpus, save_corpus
+from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import BaselineError, UsageError
 from fa2_verify.verify.registry import load_kernel
 from fa2_verify.records.report_markdown import render_gate

@@ -1,8 +1,9 @@
 """The package's layers only point down (docs/design.md, "Layers"), read from the imports of every module.
 
 ``core`` imports nothing else of fa2-verify; ``kernels`` and ``golden`` only
-``core``; ``verify`` those three; ``records`` those four; ``bench`` and
-``properties`` everything below them, not each other; ``cli`` sits on top.  A module may import its own layer.
+``core``; ``verify`` those three; ``records`` those four; ``app`` those five;
+``bench`` and ``properties`` everything below them, not each other; ``cli``
+sits on top.  A module may import its own layer.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "golden": frozenset({"core"}),
     "verify": frozenset({"core", "kernels", "golden"}),
     "records": frozenset({"core", "kernels", "golden", "verify"}),
-    "bench": frozenset({"core", "kernels", "golden", "verify", "records"}),
-    "properties": frozenset({"core", "kernels", "golden", "verify", "records"}),
-    "cli": frozenset({"core", "kernels", "golden", "verify", "records", "bench", "properties"}),
+    "app": frozenset({"core", "kernels", "golden", "verify", "records"}),
+    "bench": frozenset({"core", "kernels", "golden", "verify", "records", "app"}),
+    "properties": frozenset({"core", "kernels", "golden", "verify", "records", "app"}),
+    "cli": frozenset({"core", "kernels", "golden", "verify", "records", "app", "bench", "properties"}),
 }
 
 

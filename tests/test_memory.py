@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 
 from fa2_verify.cli import main as cli
-from fa2_verify.cli.commands import repro
+from fa2_verify.app import runs
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import visible_mask
 from fa2_verify.core.errors import CaseTooLarge
@@ -26,9 +26,10 @@ from fa2_verify.properties import profiles
 from fa2_verify.properties.session import Suite
 from fa2_verify.verify import check, golden_time, memory
 from fa2_verify.verify.check import run_cases
-from fa2_verify.verify.corpus import Corpus, load_corpus, save_corpus
-from fa2_verify.verify.fixed_cases import FIXED_CASES
-from fa2_verify.verify.scale_cases import SCALE_CASES
+from fa2_verify.app.cases.gate_corpus import load_corpus, save_corpus
+from fa2_verify.verify.corpus import Corpus
+from fa2_verify.app.cases.fixed import FIXED_CASES
+from fa2_verify.app.cases.scale import SCALE_CASES
 from fa2_verify.verify.registry import load_kernel
 
 SMALL = CaseSpec(batch=1, seqlen_q=8, seqlen_k=8, heads_q=1, heads_kv=1, head_dim=8, dtype="float32", name="small")
@@ -56,7 +57,7 @@ def _refused(message: str, spec: CaseSpec, parts: tuple[str, ...] = MEMORY_REFUS
 
 @pytest.mark.parametrize("spec", [LONG, WIDE], ids=["seqlen-1e7", "batch-1e8"])
 def test_repro_refuses_a_case_too_large_before_allocating_it(spec, capsys, monkeypatch):
-    monkeypatch.setattr(repro, "check_spec", lambda *args: pytest.fail("repro allocated the case"))
+    monkeypatch.setattr(runs, "check_spec", lambda *args: pytest.fail("repro allocated the case"))
     assert cli.main(["repro", "--kernel", "reference", "--case", json.dumps(spec.to_dict())]) == 2
     error = capsys.readouterr().err
     assert error.startswith("fa2-verify: error: ") and _refused(error, spec)
@@ -126,7 +127,7 @@ SLOW = CaseSpec(
 def test_repro_refuses_a_case_whose_golden_would_run_for_hours(capsys, monkeypatch):
     """The memory guard lets it through (a few MiB); the time estimate does not."""
     assert memory.estimate(SLOW).combined < 2**30
-    monkeypatch.setattr(repro, "check_spec", lambda *args: pytest.fail("repro ran the case"))
+    monkeypatch.setattr(runs, "check_spec", lambda *args: pytest.fail("repro ran the case"))
     assert cli.main(["repro", "--kernel", "reference", "--case", json.dumps(SLOW.to_dict())]) == 2
     error = capsys.readouterr().err
     assert error.startswith("fa2-verify: error: ") and _refused(error, SLOW, TIME_REFUSAL)

@@ -12,7 +12,7 @@ import pytest
 
 from fa2_verify.cli import main as cli
 from fa2_verify.records import baseline as baselines
-from fa2_verify.verify.corpus import DEFAULT_PATH
+from fa2_verify.app.cases.gate_corpus import DEFAULT_PATH
 from tests.helpers import COMMITTED
 
 

@@ -16,7 +16,7 @@ from fa2_verify.cli.main import main
 from fa2_verify.properties.race import ATOMIC_DQ_BOUND, BITWISE, NONE, promises
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.kernels.reference import DEFERRED
-from fa2_verify.verify.race_cases import RACE_CASES
+from fa2_verify.app.cases.race import RACE_CASES
 from tests import breakers
 
 #: Five key blocks of 16 per row (65 keys), so that reversing their order changes float32 sums.

@@ -12,7 +12,7 @@ import torch
 from fa2_verify.cli import main as cli
 from fa2_verify.verify import metrics
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.cli.commands import run as run_command
+from fa2_verify.app.cases import fixed
 from fa2_verify.core.errors import ReportError
 from fa2_verify.records.report_json import (
     SCHEMA_VERSION,
@@ -151,7 +151,7 @@ def test_markdown_of_a_clean_run_says_passed():
 
 def test_run_command_writes_tolerance_json_and_markdown(tmp_path, monkeypatch, capsys):
     tiny = CaseSpec(batch=1, seqlen_q=5, seqlen_k=7, heads_q=2, heads_kv=1, head_dim=32, dtype="float16", name="tiny")
-    monkeypatch.setattr(run_command, "FIXED_CASES", (tiny,))
+    monkeypatch.setattr(fixed, "FIXED_CASES", (tiny,))
     summary = tmp_path / "summary.md"
     arguments = ["run", "--kernel", "reference", "--report", str(tmp_path), "--markdown", str(summary)]
     assert cli.main(arguments) == 0

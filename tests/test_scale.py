@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fa2_verify.cli.commands import run as run_command
+from fa2_verify.app.cases import scale
 from fa2_verify.cli.main import main
 from fa2_verify.core import values
 from fa2_verify.core.case import CaseSpec, make_case
@@ -27,9 +27,9 @@ from fa2_verify.properties import profiles, shapes
 from fa2_verify.properties.cases import fit_budget, work
 from fa2_verify.verify import error_model, memory, metrics
 from fa2_verify.verify.check import check_case, run_cases
-from fa2_verify.verify.fixed_cases import FIXED_CASES
+from fa2_verify.app.cases.fixed import FIXED_CASES
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
-from fa2_verify.verify.scale_cases import CPU_CASES, CUDA_CASES, DEVICE_BYTES
+from fa2_verify.app.cases.scale import CPU_CASES, CUDA_CASES, DEVICE_BYTES
 from tests import mutants
 
 GiB = 2**30
@@ -116,7 +116,7 @@ def test_radix_selection_gives_exact_order_statistics():
 def test_run_scale_prints_the_set_and_the_time_split(monkeypatch):
     """``run --cases scale`` on the CPU, on a small copy of one scale case (the whole set is timed in docs/)."""
     small = dataclasses.replace(CPU_CASES[-1], batch=2)
-    monkeypatch.setattr(run_command, "SCALE_CASES", {"cpu": (small,)})
+    monkeypatch.setattr(scale, "SCALE_CASES", {"cpu": (small,)})
     stdout, stderr = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
         code = main(["run", "--kernel", "reference", "--cases", "scale"])

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fa2_verify.bench import checks, sweep, timing
+from fa2_verify.app.cases.bench_checks import CHECK_CASES
+from fa2_verify.bench import sweep, timing
 from fa2_verify.bench import run as bench_run
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
@@ -58,7 +59,7 @@ def test_each_row_is_checked_as_a_case_of_its_configuration() -> None:
 
 
 def test_check_cases_cover_every_feature_as_case_records() -> None:
-    specs = [case.spec for case in checks.CHECK_CASES]
+    specs = [case.spec for case in CHECK_CASES]
     assert len({spec.name for spec in specs}) == len(specs)
     assert {spec.dtype for spec in specs} == {"float16", "bfloat16", "float32"}
     assert {spec.head_dim for spec in specs} >= {32, 64, 128, 256}
@@ -66,7 +67,7 @@ def test_check_cases_cover_every_feature_as_case_records() -> None:
     assert any(spec.seqlen_q == 1 for spec in specs) and any(spec.seqlen_k == 1 for spec in specs)
     varlen = [spec for spec in specs if isinstance(spec, VarlenSpec)]
     assert varlen and any(0 in pair for spec in varlen for pair in spec.seqlens)
-    assert {case.layout for case in checks.CHECK_CASES} >= {"contiguous", "heads-major", "padded-head-dim"}
+    assert {case.layout for case in CHECK_CASES} >= {"contiguous", "heads-major", "padded-head-dim"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

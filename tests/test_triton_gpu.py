@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 
+from fa2_verify.app.cases.bench_checks import CHECK_CASES
 from fa2_verify.bench import checks
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", checks.CHECK_CASES, ids=[case.name for case in checks.CHECK_CASES])
+@pytest.mark.parametrize("case", CHECK_CASES, ids=[case.name for case in CHECK_CASES])
 def test_case_passes_the_check(case) -> None:
     result = checks.check(case)
     assert result["passed"], result

@@ -155,7 +155,7 @@ def test_warmup_refuses_a_process_count_below_one(capfd):
 def test_warmup_draws_are_derandomized_or_drawn_from_a_seed():
     """Without a seed the warm-up draws the same cases every time; with one, as a run with that seed would
     (lab/probes/warmup_coverage.py compares the two)."""
-    from fa2_verify.cli.commands.warmup import profile_cases
+    from fa2_verify.properties.draws import profile_cases
 
     assert profile_cases("ci", 3) == profile_cases("ci", 3)
     assert profile_cases("ci", 3, seed=5) == profile_cases("ci", 3, seed=5) != profile_cases("ci", 3)

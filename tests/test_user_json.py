@@ -13,7 +13,7 @@ from fa2_verify.core.errors import BaselineError, InputJsonError, ReportError
 from fa2_verify.core.user_json import MAX_DEPTH, MAX_NUMBER_CHARS, parse_json, read_json
 from fa2_verify.properties import ordering, schedule
 from fa2_verify.records.baseline import load_baseline
-from fa2_verify.verify.corpus import DEFAULT_PATH
+from fa2_verify.app.cases.gate_corpus import DEFAULT_PATH
 from fa2_verify.records.report_json import load_tolerance_report
 
 DEEP = "[" * 20000 + "]" * 20000

@@ -27,7 +27,8 @@ from fa2_verify.properties import shapes
 from fa2_verify.properties.cases import case_specs
 from fa2_verify.properties.profiles import get as get_profile
 from fa2_verify.verify.check import check_case
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fit_case, fit_head_dim, fitted_cases
+from fa2_verify.app.cases.fitting import fit_case, fit_head_dim, fitted_cases
+from fa2_verify.app.cases.fixed import FIXED_CASES
 from fa2_verify.verify.registry import LoadedKernel, load_kernel
 from tests import user_kernels
 

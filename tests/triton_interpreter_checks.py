@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from fa2_verify.app.cases.bench_checks import CheckCase
 from fa2_verify.bench import checks
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.layouts import guarded, to_layout
@@ -70,7 +71,7 @@ def deterministic_backward_matches_and_repeats() -> None:
     """deterministic=True: the gradients pass the check too, and repeat bit for bit on a second call."""
     _kernel()
     for name in ("window-gqa-d40", "mqa-causal-sq>sk"):
-        record = checks.check(checks.CheckCase(_spec(name, "float16")), device="cpu")
+        record = checks.check(CheckCase(_spec(name, "float16")), device="cpu")
         assert record["passed"], record
 
 
@@ -152,7 +153,7 @@ def bench_check_section_passes_and_fails_a_wrong_mask() -> None:
     dense = CaseSpec(1, 37, 45, 2, 1, 32, "float16", causal=True, seed=3, name="interpreter-dense")
     varlen = VarlenSpec.packing(((17, 0), (0, 9), (33, 40)), heads_q=2, heads_kv=2, head_dim=32, dtype="float32",
                                 window_size=(7, 3), seed=4, name="interpreter-varlen")
-    for case in (checks.CheckCase(dense, layout="heads-major"), checks.CheckCase(varlen)):
+    for case in (CheckCase(dense, layout="heads-major"), CheckCase(varlen)):
         record = checks.check(case, device="cpu")
         assert record["passed"], record
     control = checks.negative_control(device="cpu", spec=dense)

@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from fa2_verify.app.cases.bench_checks import CHECK_CASES
 from fa2_verify.bench import checks
 from fa2_verify.bench.sweep import SWEEP_POINTS, best_tiles, sweep_point
 from fa2_verify.bench.timing import BENCH_ROWS, DTYPES_BENCHED, SEQLENS, BenchRow, bench_row, dq_spread
@@ -44,7 +45,7 @@ SECTIONS = ("check", "spread", "sweep", "bench")
 def _jobs(sections: tuple[str, ...], rows: tuple[BenchRow, ...]) -> list[tuple[str, int]]:
     jobs: list[tuple[str, int]] = []
     if "check" in sections:
-        jobs += [("check", i) for i in range(len(checks.CHECK_CASES))]
+        jobs += [("check", i) for i in range(len(CHECK_CASES))]
     if "spread" in sections:
         jobs += [("spread", i) for i in range(len(DTYPES_BENCHED))]
     if "sweep" in sections:
@@ -59,7 +60,7 @@ def _warm(job: tuple[str, int]) -> str:
     section, index = job
     try:
         if section == "check":
-            checks.warm(checks.CHECK_CASES[index])
+            checks.warm(CHECK_CASES[index])
         elif section == "spread":
             dq_spread(DTYPES_BENCHED[index], warm_only=True)
         elif section == "sweep":
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 
     if "check" in sections:
         results = []
-        for case in checks.CHECK_CASES:
+        for case in CHECK_CASES:
             try:
                 results.append(checks.check(case))
             except Exception as exc:

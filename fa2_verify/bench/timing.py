@@ -26,13 +26,13 @@ from typing import Any
 
 import torch
 
-from fa2_verify.bench.checks import golden_options
+from fa2_verify.app.runs import golden_options
+from fa2_verify.app.targets import load_target
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import DTYPES
 from fa2_verify.kernels.triton_fa2.configs import TileConfig
 from fa2_verify.verify.check import check_case
 from fa2_verify.verify.metrics import ulp
-from fa2_verify.verify.registry import load_kernel
 
 #: Tokens per batch (batch * seqlen) and model width (heads * head_dim) of the benchmark rows.
 TOKENS = 16384
@@ -161,7 +161,7 @@ def check_row(row: BenchRow) -> dict[str, Any]:
 @functools.lru_cache(maxsize=None)
 def _checked(spec: CaseSpec) -> dict[str, Any]:
     """Rows whose check specs coincide (the longer seqlens) are checked once per run."""
-    result = check_case(load_kernel("triton"), make_case(spec, "cuda"), golden_options=golden_options())
+    result = check_case(load_target("triton"), make_case(spec, "cuda"), golden_options=golden_options())
     worst = {name: comparison.normalized.quantiles["max"] for name, comparison in result.comparisons.items()}
     return {"passed": result.passed, "status": result.status, "reason": result.reason, "normalized_max": worst}
 
@@ -192,7 +192,7 @@ def ulp_distance(actual: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
 
 
 def dq_spread(dtype: str, *, repeats: int = 20, seqlen: int = 4096, head_dim: int = 128, warm_only: bool = False) -> dict:
-    kernel = load_kernel("triton")
+    kernel = load_target("triton")
     batch, heads = TOKENS // seqlen, HIDDEN // head_dim
     q, k, v, dout = timing_inputs(batch, seqlen, heads, head_dim, dtype, seed=3)
     scale = 1.0 / math.sqrt(head_dim)

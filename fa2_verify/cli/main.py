@@ -9,7 +9,7 @@ shell's convention); a ``KeyboardInterrupt`` or ``SystemExit`` raised by the
 kernel itself never gets here (:mod:`verify.user_code`).  The installed command
 runs :func:`main` in a child process that must report its status, so that a kernel that
 ends the process some other way cannot end the command with status 0
-(:mod:`cli.supervisor`).  A case loop whose kernel faulted the device
+(:mod:`cli.supervisor`; ``python -m fa2_verify``).  A case loop whose kernel faulted the device
 (:class:`~verify.continuation.DeviceFaulted`) goes on in a fresh process
 with the cases done carried over (:mod:`verify.continuation`), after one
 line on stderr naming the case and the fault.
@@ -21,7 +21,7 @@ import argparse
 import importlib
 import sys
 
-from fa2_verify.cli.supervisor import rerun
+from fa2_verify.cli.child import rerun
 from fa2_verify.core.errors import Fa2VerifyError
 from fa2_verify.verify import continuation
 
@@ -83,8 +83,3 @@ def main(argv: list[str] | None = None) -> int:
         print("fa2-verify: interrupted: nothing was verified to completion", file=sys.stderr)
         return INTERRUPTED
 
-
-if __name__ == "__main__":
-    from fa2_verify.cli.supervisor import main as supervised
-
-    sys.exit(supervised())

@@ -17,7 +17,7 @@ running the kernel ended (exit 0) before run finished; nothing after the
 last announced case was verified``, and exits 1, a kernel failure.
 
 A command whose kernel lost the device goes on in a fresh process
-(:func:`rerun`, :mod:`verify.continuation`): the child replaces itself
+(:func:`cli.child.rerun`, :mod:`verify.continuation`): the child replaces itself
 (``os.execve`` of the same command line, keeping its pid and the pipe), so
 the parent waits for it and reads its report as before, and the lost CUDA
 context and the memory it holds go with the old image.
@@ -39,14 +39,10 @@ import sys
 import time
 from typing import Callable
 
-#: The environment variable that marks the child: the number of the pipe's write end.
-STATUS_FD = "FA2_VERIFY_STATUS_FD"
+from fa2_verify.cli.child import STATUS_FD, child_status_fd
 
 #: Signals the parent passes on to the child.
 PASSED_ON = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-#: The child's end of the status pipe, once :func:`run_child` runs: this process is the supervised child.
-_child_status_fd: list[int] = []
 
 
 def main() -> int:
@@ -146,7 +142,7 @@ def run_child(status_fd: int, argv: list[str]) -> int:
     are flushed and only if ``status_fd`` is still the pipe it was (the kernel may have closed it).  An
     exception that escapes the command (a traceback: the kernel closed stdout, say) reports nothing."""
     pipe = os.fstat(status_fd)
-    _child_status_fd.append(status_fd)
+    child_status_fd.append(status_fd)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _FirstSigint())
     from fa2_verify.cli.main import main as command
@@ -169,22 +165,3 @@ def _report(status_fd: int, pipe: os.stat_result, status: int) -> None:
     if (current.st_dev, current.st_ino) == (pipe.st_dev, pipe.st_ino):
         with contextlib.suppress(OSError):
             os.write(status_fd, f"{status}\n".encode())
-
-
-def rerun(argv: list[str], environment: dict[str, str]) -> int:
-    """The command line ``argv`` run again in a fresh process, ``environment`` added to its environment.
-
-    In the supervised child this process becomes the fresh one (the module
-    docstring) and this call does not return; called otherwise (:func:`cli.main.main`
-    from Python), it runs ``python -m fa2_verify ARGV``, supervised, and returns its status.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if _child_status_fd:
-        status_fd = _child_status_fd[-1]
-        os.set_inheritable(status_fd, True)
-        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]],
-                  {**os.environ, **environment, STATUS_FD: str(status_fd)})
-    import subprocess
-
-    return subprocess.run([sys.executable, "-m", "fa2_verify", *argv], env={**os.environ, **environment}).returncode

@@ -13,9 +13,8 @@ import pytest
 
 from fa2_verify.properties import profiles
 from fa2_verify.properties import options as suite_options
-from fa2_verify.properties.declaration import Property
+from fa2_verify.properties.declaration import MARKER, Property
 
-MARKER = "fa2_property"
 #: The marker's line in ``pytest --markers``.
 MARKER_HELP = (
     f"{MARKER}(requires=()): a property test of fa2-verify, skipped as unsupported when the kernel lacks "
@@ -62,11 +61,11 @@ def _shard_dtypes(config: pytest.Config) -> tuple[str, ...]:
     or does not load (the ``suite`` fixture then raises the usage error naming ``--fa2-kernel``)."""
     from fa2_verify.core.errors import Fa2VerifyError
     from fa2_verify.properties.inputs import drawn_dtypes
-    from fa2_verify.verify.registry import load_kernel
+    from fa2_verify.app.targets import load_target
 
     options = suite_options.of(config)
     try:
-        kernel = load_kernel(options["kernel"])
+        kernel = load_target(options["kernel"])
         if kernel.unavailable_reason(options["device"]) is not None:
             return ()
         return drawn_dtypes(capabilities=kernel.capabilities, device=options["device"], include=options["dtypes"])

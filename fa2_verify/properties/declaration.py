@@ -27,6 +27,10 @@ from typing import Any, Callable
 
 from fa2_verify.properties.validation import check_choices
 
+#: The pytest marker of a property test (its ``requires``), added by :func:`properties.harness.build_test` and
+#: read by the plugin.
+MARKER = "fa2_property"
+
 #: Capabilities a property can require (attributes of core.contract.Capabilities).
 REQUIREMENTS: tuple[str, ...] = (
     "backward", "deterministic_backward", "causal", "non_causal", "window", "gqa", "varlen", "lse"

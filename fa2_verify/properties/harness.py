@@ -31,8 +31,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
 from fa2_verify.properties import profiles, verdicts
-from fa2_verify.properties.declaration import Property, PropertyFailure
-from fa2_verify.properties.collection import MARKER
+from fa2_verify.properties.declaration import MARKER, Property, PropertyFailure
 from fa2_verify.properties.session import Suite
 
 #: The modules declaring the properties, in the order :func:`declared_properties` lists them.

@@ -150,7 +150,8 @@ def _validate_target(
     import torch
 
     from fa2_verify.core.errors import Fa2VerifyError
-    from fa2_verify.verify.registry import load_kernel, require_device
+    from fa2_verify.app.targets import load_target
+    from fa2_verify.verify.registry import require_device
 
     try:
         torch.device(device)
@@ -161,7 +162,7 @@ def _validate_target(
     except Fa2VerifyError as exc:
         raise _usage("--fa2-device", device, str(exc).removeprefix(f"--device={device}: ")) from None
     try:
-        kernel = load_kernel(kernel_name)
+        kernel = load_target(kernel_name)
         kernel.unavailable_reason(device)
         kernel.config()
         supported = kernel.capabilities.dtypes.get(torch.device(device).type, ())

@@ -233,11 +233,11 @@ def build_suite(config: Any) -> Suite:
     from fa2_verify.properties.inflight_session import inflight_of
     from fa2_verify.properties.kernel_errors import SHARED_FILE
     from fa2_verify.properties.options import of, usage
-    from fa2_verify.verify.registry import load_kernel
+    from fa2_verify.app.targets import load_target
 
     options = of(config)
     try:
-        kernel = load_kernel(options["kernel"])
+        kernel = load_target(options["kernel"])
     except Fa2VerifyError as exc:
         raise usage("--fa2-kernel", options["kernel"], str(exc)) from None
     return Suite(

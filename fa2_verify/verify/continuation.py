@@ -9,7 +9,7 @@ command) each case's results are journaled, in order; when a case has faulted
 the device, the loop raises :class:`DeviceFaulted` and the command writes the
 journal to a file in a new temporary directory (:meth:`DeviceFaulted.save`)
 and runs its own command line again in a fresh process, :data:`ENV` naming the
-file (:func:`cli.supervisor.rerun`).  There the journal's cases, met in the same
+file (:func:`cli.child.rerun`).  There the journal's cases, met in the same
 order, are taken from the file instead of run (the faulting one as the error
 it was, the fault named), and the rest run; the file and its directory are
 removed once read.  A second fault repeats this, each process at least one

@@ -1,6 +1,7 @@
-"""The versioned gate corpus: a fixed list of case specs the gate runs every time.
+"""The versioned gate corpus's record: a fixed list of case specs the gate runs every time.
 
-The corpus is a JSON file (``golden/corpus/gate.json`` by default)::
+The corpus is a JSON file (the bundled one, and its reading and writing, live in
+:mod:`app.cases.gate_corpus`)::
 
     {"schema_version": 1, "corpus_version": 3, "cases": [CaseSpec.to_dict(), ...]}
 
@@ -20,19 +21,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import pathlib
 from typing import Any
 
-from fa2_verify.core.outputs import write_text_atomic
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
-from fa2_verify.core.user_json import read_json
 
 #: Version of the corpus file layout (not of its contents: that is ``corpus_version``).
 SCHEMA_VERSION = 1
-
-#: The corpus shipped with fa2-verify.
-DEFAULT_PATH = pathlib.Path(__file__).resolve().parent.parent / "golden" / "corpus" / "gate.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,24 +109,3 @@ def corpus_from_dict(record: Any, *, source: str = "corpus") -> Corpus:
         return Corpus(version=record.get("corpus_version"), cases=tuple(specs))  # type: ignore[arg-type]  # Corpus checks it
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
-
-
-def load_corpus(path: str | pathlib.Path = DEFAULT_PATH) -> Corpus:
-    """Read and validate the corpus at ``path``."""
-    record = read_json(path, f"--corpus={path}")
-    return corpus_from_dict(record, source=f"--corpus={path}")
-
-
-def save_corpus(corpus: Corpus, path: str | pathlib.Path) -> pathlib.Path:
-    """Write ``corpus`` to ``path`` atomically (one case per line, so diffs stay readable)."""
-    lines = ",\n".join("    " + json.dumps(spec.to_dict(), sort_keys=True) for spec in corpus.cases)
-    text = (
-        "{\n"
-        f'  "schema_version": {SCHEMA_VERSION},\n'
-        f'  "corpus_version": {corpus.version},\n'
-        '  "cases": [\n'
-        f"{lines}\n"
-        "  ]\n"
-        "}\n"
-    )
-    return write_text_atomic(path, text, overwrite=True, flag="--corpus")

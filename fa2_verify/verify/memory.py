@@ -8,7 +8,7 @@ that gives the estimate, where it goes, and the memory free, instead of a
 traceback or a kernel error after minutes of work; so is a case whose
 golden and comparison would run longer than a limit
 (:mod:`verify.golden_time`, ``--max-golden-seconds``).  :func:`estimate` is the
-one model of a case's memory: the GPU scale set (:mod:`verify.scale_cases`)
+one model of a case's memory: the GPU scale set (:mod:`app.cases.scale`)
 is sized by it and the ``scale`` property profile's per-example budget
 (``properties.cases.fit_budget``) cuts cases by it.
 

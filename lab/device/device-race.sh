@@ -2,7 +2,7 @@
 # Races that show once in many runs, on one GPU (docs/properties.md, "Races
 # that show once in many runs"): `fa2-verify race --device cuda --repeats 1000`
 # for triton and torch-flash over the race-prone set (seqlen 4,224, (2000, 4000),
-# GQA, causal and not, deterministic on and off; fa2_verify/verify/race_cases.py).
+# GQA, causal and not, deterministic on and off; fa2_verify/app/cases/race.py).
 # Writes into $1 (default $OUT/race, else gpu-out/race): race-NAME.json (the
 # report: per case and output the promise, distinct results, the first differing
 # element, the spread against the atomic-dQ bound) and race-NAME.log (the table

@@ -1,7 +1,7 @@
 """Count the compiled variants of the ``triton`` kernel that a property profile needs, per kernel, without a GPU.
 
 Draws the cases the profile draws on a GPU (``fa2-verify warmup``'s
-enumeration, :func:`cli.commands.warmup.profile_cases`: every property's case
+enumeration, :func:`properties.draws.profile_cases`: every property's case
 strategy with the profile's GPU limits, derandomized, ``--examples`` draws
 each) and reduces their launches on an H100/H200 (tile table ``sm90``) to
 Triton's compile keys (:mod:`kernels.triton_fa2.variants`).  Runs on the
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import argparse
 
-from fa2_verify.cli.commands import warmup
 from fa2_verify.kernels.triton_fa2 import variants
 from fa2_verify.properties import profiles
+from fa2_verify.properties.draws import profile_cases
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| profile | cases | {' | '.join(variants.KERNELS)} | total |")
     print(f"|---|---:|{'---:|' * (len(variants.KERNELS) + 1)}")
     for name in args.profile or ["ci", "dev"]:
-        cases = warmup.profile_cases(name, args.examples)
-        keys = warmup.variants_of(cases, args.target)
+        cases = profile_cases(name, args.examples)
+        keys = variants.variants_of(cases, args.target)
         counts = variants.per_kernel(keys)
         cells = " | ".join(str(counts[kernel]) for kernel in variants.KERNELS)
         print(f"| {name} | {len(cases)} | {cells} | {len(keys)} |")

@@ -4,13 +4,13 @@ import sys
 import torch
 from benchmarks import sensitivity
 from fa2_verify.verify import noise_verdicts
-from fa2_verify.verify.registry import load_kernel
+from fa2_verify.app.targets import load_target
 
 length, dtype, generator = int(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "normal"
 config = sensitivity.Config(length, dtype, False)
 import dataclasses
 spec = dataclasses.replace(config.spec(512), generator=generator)
-s = sensitivity.Setting(load_kernel("reference"), spec, "cpu")
+s = sensitivity.Setting(load_target("reference"), spec, "cpu")
 judge = s.judge
 def lean(actual):
     r, r_model, unit = noise_verdicts.noise_units(spec, "out", actual, s.golden.out, judge.model["out"], judge.bounds["out"])

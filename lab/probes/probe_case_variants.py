@@ -18,8 +18,8 @@ import argparse
 import json
 import sys
 
-from fa2_verify.cli.commands.repro import parse_case
-from fa2_verify.cli.commands.run import resolve_target
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import parse_case
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.errors import Fa2VerifyError
 from fa2_verify.verify.check import check_case

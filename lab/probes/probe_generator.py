@@ -18,7 +18,7 @@ import sys
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fa2_verify.cli.commands.run import resolve_target
+from fa2_verify.app.targets import resolve_target
 from fa2_verify.core.case import make_case
 from fa2_verify.core.errors import Fa2VerifyError
 from fa2_verify.properties import cases, profiles

@@ -13,7 +13,7 @@ import sys
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.values import GENERATORS
 from fa2_verify.verify.check import check_spec
-from fa2_verify.verify.registry import load_kernel
+from fa2_verify.app.targets import load_target
 
 args = sys.argv[1:]
 generators = list(GENERATORS)
@@ -23,7 +23,7 @@ if "--generators" in args:
     del args[at:at + 2]
 lengths = [int(n) for n in args[1:]] or [200]
 for name in args[0].split(","):
-    kernel = load_kernel(name)
+    kernel = load_target(name)
     largest = {"statistical": 0.0, "local": 0.0, "bias": 0.0}
     for dtype in ("float16", "bfloat16"):
         for n in lengths:

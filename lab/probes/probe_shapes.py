@@ -29,9 +29,9 @@ def run_one(kernel: str, head_dim: int, heads_q: int, heads_kv: int, seqlens: st
     """Forward then backward of one shape; ``ok`` or the failing pass and the exception's first line."""
     import torch
 
-    from fa2_verify.verify.registry import load_kernel
+    from fa2_verify.app.targets import load_target
 
-    target = load_kernel(kernel)
+    target = load_target(kernel)
     rng = torch.Generator(device="cuda").manual_seed(0)
     seqlen_q, seqlen_k = _pair(seqlens)
     q = torch.randn(1, seqlen_q, heads_q, head_dim, device="cuda", generator=rng).to(getattr(torch, dtype))

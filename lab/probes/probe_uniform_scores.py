@@ -68,13 +68,13 @@ def main() -> int:
     import torch
 
     from fa2_verify.core.errors import Fa2VerifyError
-    from fa2_verify.verify.registry import load_kernel
+    from fa2_verify.app.targets import load_target
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(f"probe_uniform_scores.py: error: --device={args.device}: no CUDA device is visible", file=sys.stderr)
         return 2
     try:
-        kernel = load_kernel(args.kernel)
+        kernel = load_target(args.kernel)
     except Fa2VerifyError as exc:
         print(f"probe_uniform_scores.py: error: {exc}", file=sys.stderr)
         return 2

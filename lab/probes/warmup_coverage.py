@@ -3,7 +3,7 @@
     python -m lab.probes.warmup_coverage --profile ci --examples 400 --suite-examples 20 --seeds 0 1
 
 The warm-up enumerates ``--examples`` derandomized draws of each property's
-case strategy (:func:`cli.commands.warmup.profile_cases`) and compiles their
+case strategy (:func:`properties.draws.profile_cases`) and compiles their
 keys (:mod:`kernels.triton_fa2.variants`, ``sm90`` table).  A suite run draws
 its own cases, about ``--suite-examples`` per strategy per dtype shard, from
 its seed; this draws that many with each seed of ``--seeds`` and prints how
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 
-from fa2_verify.cli.commands import warmup
 from fa2_verify.kernels.triton_fa2 import variants
 from fa2_verify.properties import profiles
+from fa2_verify.properties.draws import profile_cases
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -30,10 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of the suite-like draws")
     parser.add_argument("--target", default=variants.DEFAULT_TARGET, help="tile table (default: sm90)")
     args = parser.parse_args(argv)
-    enumerated = set(warmup.variants_of(warmup.profile_cases(args.profile, args.examples), args.target))
+    enumerated = set(variants.variants_of(profile_cases(args.profile, args.examples), args.target))
     print(f"warm-up, {args.examples} derandomized draws per strategy: {len(enumerated)} keys")
     for seed in args.seeds:
-        needed = set(warmup.variants_of(warmup.profile_cases(args.profile, args.suite_examples, seed), args.target))
+        needed = set(variants.variants_of(profile_cases(args.profile, args.suite_examples, seed), args.target))
         missing = len(needed - enumerated)
         print(f"seed {seed}, {args.suite_examples} draws per strategy: {len(needed)} keys, {missing} not warmed up "
               f"({100 * (len(needed) - missing) / max(len(needed), 1):.0f}% covered)")

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import pathlib
 
-from fa2_verify.golden.options import CACHE_ENV, DEFAULT_CACHE_DIR, GoldenOptions, shared_cache_dir
+from fa2_verify.app.cases.gate_corpus import load_corpus
+from fa2_verify.app.runs import golden_options
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import add_corpus_arguments, add_target_arguments, parse_dtypes
 from fa2_verify.records import baseline as baselines
-from fa2_verify.cli.commands.corpus import add_corpus_option
-from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
-from fa2_verify.verify.corpus import Corpus, load_corpus
+from fa2_verify.verify.corpus import Corpus
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.outputs import check_outputs
 
@@ -41,33 +42,6 @@ def add_parser(subparsers) -> None:
     add_corpus_arguments(parser)
     parser.add_argument("--dtypes", metavar="LIST", help="comma-separated dtypes to cover (default: all in the corpus)")
     parser.set_defaults(handler=handle)
-
-
-def add_corpus_arguments(parser) -> None:
-    """``--corpus`` and ``--golden-cache``, shared with ``fa2-verify gate``."""
-    add_corpus_option(parser)
-    parser.add_argument(
-        "--golden-cache",
-        type=pathlib.Path,
-        metavar="DIR",
-        help=f"golden cache directory (default: ${CACHE_ENV}, else {DEFAULT_CACHE_DIR})",
-    )
-
-
-def golden_options(args) -> GoldenOptions:
-    """Golden options with the cache of ``--golden-cache``, ``$FA2_VERIFY_GOLDEN_CACHE`` or the default."""
-    cache = args.golden_cache or shared_cache_dir(pathlib.Path())
-    return GoldenOptions(cache_dir=cache)
-
-
-def parse_dtypes(text: str | None) -> tuple[str, ...] | None:
-    """``"float16,bfloat16"`` -> ``("bfloat16", "float16")``; ``None`` stays ``None``."""
-    if text is None:
-        return None
-    names = tuple(sorted({name.strip() for name in text.split(",") if name.strip()}))
-    if not names:
-        raise UsageError(f"--dtypes={text!r} names no dtype: pass e.g. --dtypes float16,bfloat16")
-    return names
 
 
 def format_groups(baseline: baselines.Baseline) -> str:
@@ -94,7 +68,7 @@ def handle(args) -> int:
         device=args.device,
         dtypes=parse_dtypes(args.dtypes),
         repeats=args.repeats,
-        golden_options=golden_options(args),
+        golden_options=golden_options(args.golden_cache),
         max_golden_seconds=args.max_golden_seconds,
     )
     print(format_groups(baseline))

@@ -10,11 +10,10 @@ version no longer match and must be recorded again (docs/reports-and-gate.md).
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
-from fa2_verify.cli.commands.repro import parse_case
+from fa2_verify.app.cases.gate_corpus import load_corpus, save_corpus
+from fa2_verify.cli.arguments import add_corpus_option, parse_case
 from fa2_verify.core.outputs import check_outputs
-from fa2_verify.verify.corpus import DEFAULT_PATH, load_corpus, save_corpus
 
 
 def add_parser(subparsers) -> None:
@@ -28,17 +27,6 @@ def add_parser(subparsers) -> None:
         add_corpus_option(sub)
     listing.set_defaults(handler=handle_list)
     add.set_defaults(handler=handle_add)
-
-
-def add_corpus_option(parser) -> None:
-    """``--corpus FILE``, for every command that reads the gate corpus (also baseline and gate)."""
-    parser.add_argument(
-        "--corpus",
-        type=pathlib.Path,
-        default=DEFAULT_PATH,
-        metavar="FILE",
-        help="gate corpus (default: the bundled golden/corpus/gate.json)",
-    )
 
 
 def handle_list(args) -> int:

@@ -18,9 +18,10 @@ import pathlib
 from fa2_verify.records import baseline as baselines
 from fa2_verify.records import gate
 from fa2_verify.core.outputs import check_outputs, write_text_atomic
-from fa2_verify.cli.commands.baseline import add_corpus_arguments, golden_options, parse_dtypes
-from fa2_verify.cli.commands.run import add_target_arguments, resolve_target
-from fa2_verify.verify.corpus import load_corpus
+from fa2_verify.app.cases.gate_corpus import load_corpus
+from fa2_verify.app.runs import golden_options
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import add_corpus_arguments, add_target_arguments, parse_dtypes
 from fa2_verify.core.errors import UsageError
 from fa2_verify.records.report_markdown import render_gate
 
@@ -101,7 +102,7 @@ def handle(args) -> int:
     gate.check_compatible(
         baseline, kernel=args.kernel, device=args.device, corpus=corpus, dtypes=dtypes, source=str(args.baseline)
     )
-    current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args),
+    current = baselines.record(kernel, corpus, device=args.device, dtypes=dtypes, golden_options=golden_options(args.golden_cache),
                                max_golden_seconds=args.max_golden_seconds)
     result = gate.compare(baseline, current, chosen_margins)
     print(gate.format_result(result, source=str(args.baseline)))

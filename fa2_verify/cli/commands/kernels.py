@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from fa2_verify.verify.registry import BUNDLED, load_kernel
+from fa2_verify.app.targets import load_target
+from fa2_verify.verify.registry import BUNDLED
 
 
 def add_parser(subparsers) -> None:
@@ -36,7 +37,7 @@ def _features(caps) -> str:
 def handle(args) -> int:
     names = args.names or list(BUNDLED)
     here = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    kernels = [load_kernel(name) for name in names]
+    kernels = [load_target(name) for name in names]
     columns = []  # (name, devices/dtypes, head dims, features, runs here) per kernel
     for kernel in kernels:
         caps = kernel.capabilities

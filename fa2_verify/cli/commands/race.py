@@ -1,8 +1,8 @@
 """``fa2-verify race``: many calls on race-prone shapes, each output held to what it promises.
 
-Runs ``--cases race-prone`` (the default, :data:`verify.race_cases.RACE_CASES`
+Runs ``--cases race-prone`` (the default, :data:`app.cases.race.RACE_CASES`
 of the device type, fitted to the kernel as ``run`` fits its sets:
-:func:`verify.fixed_cases.fit_case`; a case that fitting makes a duplicate of
+:func:`app.cases.fitting.fit_case`; a case that fitting makes a duplicate of
 an earlier one, e.g. a deterministic case on a kernel without a deterministic
 backward, runs once), or the case specs of a JSON file (a list of objects, as
 a reproduction line prints them; padded cases only), ``1 + --repeats`` calls
@@ -30,7 +30,12 @@ import pathlib
 
 import torch
 
-from fa2_verify.cli.commands.run import add_target_arguments, announce, case_label, resolve_target
+from fa2_verify.app.cases.fitting import fitted_cases
+from fa2_verify.app.cases.race import RACE_CASES
+from fa2_verify.app.cases.sets import case_label
+from fa2_verify.app.runs import announce
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import add_target_arguments
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
 from fa2_verify.core.user_json import read_json
@@ -38,9 +43,7 @@ from fa2_verify.core.varlen import VarlenSpec, spec_from_dict
 from fa2_verify.properties.race import CaseRace, race_case
 from fa2_verify.verify import device_fault
 from fa2_verify.core.outputs import check_outputs, write_text_atomic
-from fa2_verify.verify.fixed_cases import fitted_cases
 from fa2_verify.verify.memory import require_fits
-from fa2_verify.verify.race_cases import RACE_CASES
 
 #: ``--cases`` for the bundled set; anything else is a JSON file of case specs.
 RACE_PRONE = "race-prone"

@@ -3,7 +3,7 @@
 ``--case`` takes the JSON spec that every failure message prints in its
 reproduction line (:meth:`core.case.CaseSpec.reproduction`); a spec with
 ``seqlens`` is a packed batch, run through the varlen entry points with each
-sequence compared (:func:`verify.check.check_spec`).  Prints the case's
+sequence compared (:func:`app.runs.check_one`).  Prints the case's
 table row(s), every metric's quantiles per output, and the failure
 description of each failing output.  Exit status: 0 passed, 1 failed or the
 kernel raised, 2 (one line on stderr) for bad arguments, an unsupported case, or a
@@ -14,16 +14,11 @@ checked before anything is allocated).
 
 from __future__ import annotations
 
-from fa2_verify.core.case import CaseSpec
-from fa2_verify.core.user_json import parse_json
-from fa2_verify.core.varlen import spec_from_dict
-from fa2_verify.verify.check import check_spec
-from fa2_verify.verify.memory import require_fits
-from fa2_verify.cli.commands.run import (
-    add_sanitize_argument, add_target_arguments, failure_descriptions, format_table, resolve_target,
-)
-from fa2_verify.verify.sanitizer import sanitized
-from fa2_verify.core.errors import UnsupportedCase, UsageError
+from fa2_verify.app.runs import check_one
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import add_sanitize_argument, add_target_arguments, parse_case
+from fa2_verify.cli.tables import failure_descriptions, format_table
+from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.verify.results import CaseResult
 
 
@@ -33,16 +28,6 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--case", required=True, metavar="JSON", help="case spec, as printed by a failure")
     add_sanitize_argument(parser)
     parser.set_defaults(handler=handle)
-
-
-def parse_case(text: str) -> CaseSpec:
-    """The :class:`CaseSpec` (a packed batch's :class:`~core.varlen.VarlenSpec`) in ``text`` (JSON), or a
-    one-line :class:`UsageError`."""
-    record = parse_json(text, "--case")
-    try:
-        return spec_from_dict(record)
-    except UsageError as exc:
-        raise UsageError(f"--case: {exc}") from None
 
 
 def _details(result: CaseResult) -> list[str]:
@@ -69,10 +54,8 @@ def _details(result: CaseResult) -> list[str]:
 def handle(args) -> int:
     kernel = resolve_target(args.kernel, args.device, call_timeout=args.call_timeout)
     spec = parse_case(args.case)
-    require_fits(spec, args.device, max_golden_seconds=args.max_golden_seconds)
-    results = check_spec(kernel, spec, args.device)
-    if args.sanitize:
-        results = sanitized(results, args.kernel, args.device, spec.to_dict(), timeout=args.call_timeout)
+    results = check_one(kernel, spec, args.device, max_golden_seconds=args.max_golden_seconds,
+                        sanitize_timeout=args.call_timeout if args.sanitize else None)
     unsupported = next((result for result in results if result.status == "unsupported"), None)
     if unsupported is not None:
         raise UnsupportedCase(

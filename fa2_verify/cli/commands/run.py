@@ -1,12 +1,12 @@
 """``fa2-verify run``: a case set against one kernel, one table, one verdict.
 
-Runs ``--cases fixed`` (the default, :data:`verify.fixed_cases.FIXED_CASES`)
-or ``--cases scale`` (:data:`verify.scale_cases.SCALE_CASES` of the device
+Runs ``--cases fixed`` (the default, :data:`app.cases.fixed.FIXED_CASES`)
+or ``--cases scale`` (:data:`app.cases.scale.SCALE_CASES` of the device
 type: production lengths on a GPU, the same set scaled down on a CPU), or only
 the cases of that set named by ``--case NAME`` (repeatable; the names the
 table prints), forward and backward, each case's head dim and sequence
 lengths fitted to the kernel's shape constraints and the features it lacks
-taken away (:func:`verify.fixed_cases.fit_case`; a line per case so changed,
+taken away (:func:`app.cases.fitting.fit_case`; a line per case so changed,
 under ``fitted to the kernel:``, says what changed), through the kernel on ``--device``, compares every output with the golden
 (:func:`verify.check.check_case`), prints one table (case, output, dtype,
 p50/p99/max normalized error, max ULP, flash-attn ratio, verdict), a failure
@@ -36,38 +36,24 @@ its estimated golden and comparison time exceeds ``--max-golden-seconds``
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import pathlib
-import sys
 
 import torch
 
+from fa2_verify.app.cases.fitting import fitted_pairs, fitting
+from fa2_verify.app.cases.sets import CASE_SETS, case_label, case_set, select_cases
+from fa2_verify.app.runs import run_set
+from fa2_verify.app.targets import resolve_target
+from fa2_verify.cli.arguments import add_sanitize_argument, add_target_arguments
+from fa2_verify.cli.tables import failure_descriptions, format_table
+from fa2_verify.core.errors import UsageError
 from fa2_verify.core.outputs import check_outputs, write_text_atomic
-from fa2_verify.verify.check import run_cases
-from fa2_verify.core.errors import DeviceUnavailable, UsageError
-from fa2_verify.verify.fixed_cases import FIXED_CASES, fitted_pairs, fitting
-from fa2_verify.verify.golden_time import DEFAULT_MAX_SECONDS, positive_seconds
-from fa2_verify.verify.interpreter_bounds import bounds_checked, require_interpreter
-from fa2_verify.verify.sanitizer import sanitized
-from fa2_verify.verify.scale_cases import SCALE_CASES
-from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT, set_call_timeout
-from fa2_verify.verify.metrics import describe_failure
-from fa2_verify.verify.registry import LoadedKernel, load_kernel, require_device
+from fa2_verify.verify.interpreter_bounds import require_interpreter
 from fa2_verify.records.report_json import build_tolerance_report, collect_environment, write_tolerance_report
 from fa2_verify.records.report_markdown import render_tolerance
 from fa2_verify.verify.results import CaseResult, RunResult
-from fa2_verify.core.case import CaseSpec
 
 REPORT_NAME = "tolerance.json"
-
-#: The case sets ``--cases`` chooses from.
-CASE_SETS = ("fixed", "scale")
-
-_COLUMNS = (
-    ("case", "<30"), ("output", "<6"), ("dtype", "<8"), ("p50", ">9"), ("p99", ">9"), ("max", ">9"),
-    ("max ULP", ">9"), ("fa ratio", ">9"), ("verdict", "<"),
-)
 
 
 def add_parser(subparsers) -> None:
@@ -93,43 +79,7 @@ def add_parser(subparsers) -> None:
     parser.set_defaults(handler=handle)
 
 
-def add_sanitize_argument(parser) -> None:
-    """``--sanitize`` (``run``, ``repro``): :mod:`verify.sanitizer`."""
-    parser.add_argument(
-        "--sanitize", action="store_true",
-        help="run a case that faults the device again under compute-sanitizer memcheck and name its first error",
-    )
-
-
 _TIMING_COLUMNS = (("case", "<34"), ("kernel s", ">9"), ("golden s", ">9"), ("compare s", ">9"), ("total s", ">9"))
-
-
-def case_set(name: str, device: str) -> tuple[CaseSpec, ...]:
-    """The specs of ``--cases name`` on ``device``: the fixed set, or the scale set of its device type."""
-    if name == "fixed":
-        return FIXED_CASES
-    return SCALE_CASES[torch.device(device).type]
-
-
-def case_label(spec: CaseSpec) -> str:
-    """The name a case goes by in the tables and in ``--case``: its own, else its feature label."""
-    return spec.name or spec.feature()
-
-
-def select_cases(specs: tuple[CaseSpec, ...], names: list[str] | None, set_name: str) -> tuple[CaseSpec, ...]:
-    """The cases of ``specs`` named in ``names`` (``--case``), in the set's order; all of them without names."""
-    if not names:
-        return specs
-    labels = [case_label(spec) for spec in specs]
-    unknown = next((name for name in names if name not in labels), None)
-    if unknown is not None:
-        raise UsageError(f"--case={unknown} is not a case of the {set_name} set: use one of {', '.join(labels)}")
-    return tuple(spec for spec, label in zip(specs, labels) if label in names)
-
-
-def announce(index: int, total: int, spec: CaseSpec) -> None:
-    """``fa2-verify: running case I of N: NAME`` on stderr, flushed before the case runs."""
-    print(f"fa2-verify: running case {index + 1} of {total}: {case_label(spec)}", file=sys.stderr, flush=True)
 
 
 def format_timing(cases: list[CaseResult]) -> str:
@@ -146,88 +96,6 @@ def format_timing(cases: list[CaseResult]) -> str:
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
-
-
-def add_target_arguments(parser) -> None:
-    """``--kernel``, ``--device``, ``--max-golden-seconds`` and ``--call-timeout``, shared by every command
-    that runs cases (``run``, ``repro``, ``baseline``, ``gate``)."""
-    parser.add_argument("--kernel", required=True, metavar="NAME", help="bundled short name or module:attr")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument(
-        "--max-golden-seconds", type=positive_seconds, default=DEFAULT_MAX_SECONDS, metavar="S",
-        help="refuse, before any case runs, a case whose golden and comparison are estimated to take longer "
-        f"(default {DEFAULT_MAX_SECONDS:g})",
-    )
-    parser.add_argument(
-        "--call-timeout", type=positive_seconds, default=DEFAULT_CALL_TIMEOUT, metavar="SECONDS",
-        help="end the command (status 1, naming the call and its case) when one kernel call runs longer, "
-        f"as a hung GPU kernel does (default {DEFAULT_CALL_TIMEOUT:g})",
-    )
-
-
-
-def resolve_target(kernel_name: str, device: str, *, call_timeout: float = DEFAULT_CALL_TIMEOUT) -> LoadedKernel:
-    """Load the kernel and check that it and ``device`` can run here (else a one-line error); each of its
-    calls may then run ``call_timeout`` seconds (:mod:`verify.watchdog`).
-
-    Its hooks are called here, before any case runs, so one that raises is a
-    one-line :class:`~core.errors.KernelLoadError` at once.
-    """
-    set_call_timeout(call_timeout)
-    kernel = load_kernel(kernel_name)
-    kernel.config()
-    try:
-        torch.device(device)
-    except RuntimeError:
-        raise UsageError(f"--device={device!r} is not a device: use cpu or cuda") from None
-    require_device(device)
-    reason = kernel.unavailable_reason(device)
-    if reason is not None:
-        raise DeviceUnavailable(f"--kernel={kernel_name} cannot run on --device={device}: {reason}")
-    return kernel
-
-
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
-
-
-def format_table(cases: list[CaseResult]) -> str:
-    """One row per (case, output), an output the kernel does not provide included (with the reason);
-    one row for an unsupported or errored case, with its reason."""
-    rows = [tuple(name for name, _ in _COLUMNS)]
-    for case in cases:
-        name = case_label(case.spec)
-        if not case.comparisons:
-            rows.append((name, "-", case.spec.dtype, "-", "-", "-", "-", "-", f"{case.status}: {case.reason}"))
-            continue
-        for output, comparison in case.comparisons.items():
-            quantiles = comparison.normalized.quantiles
-            rows.append((
-                name,
-                output,
-                comparison.dtype,
-                _number(quantiles["p50"]),
-                _number(quantiles["p99"]),
-                _number(quantiles["max"]),
-                _number(comparison.ulp.quantiles["max"]),
-                _number(comparison.flash_ratio),
-                "passed" if comparison.passed else f"FAILED ({comparison.mismatches}/{comparison.numel})",
-            ))
-        for output, reason in case.skipped_outputs.items():
-            rows.append((name, output, case.spec.dtype, "-", "-", "-", "-", "-", f"unsupported: {reason}"))
-    return "\n".join(
-        " ".join(f"{cell:{align}}" for cell, (_, align) in zip(row, _COLUMNS)).rstrip() for row in rows
-    )
-
-
-def failure_descriptions(cases: list[CaseResult]) -> list[str]:
-    """:func:`verify.metrics.describe_failure` for every failing output and every errored case."""
-    descriptions = []
-    for case in cases:
-        if case.status == "error":
-            descriptions.append(describe_failure(case))
-        descriptions.extend(describe_failure(case, output) for output in case.failed_outputs())
-    return descriptions
 
 
 def summary(run: RunResult) -> str:
@@ -251,11 +119,8 @@ def handle(args) -> int:
     whole_set = case_set(args.cases, args.device)
     pairs = fitted_pairs(kernel.capabilities, select_cases(whole_set, args.case_names, args.cases), args.device)
     specs = tuple(fitted for _, fitted in pairs)
-    with bounds_checked() if args.bounds_check else contextlib.nullcontext():
-        run = run_cases(kernel, specs, args.device, starting=lambda index, spec: announce(index, len(specs), spec),
-                        max_golden_seconds=args.max_golden_seconds)
-    if args.sanitize:
-        run = dataclasses.replace(run, cases=sanitized(run.cases, args.kernel, args.device, timeout=args.call_timeout))
+    run = run_set(kernel, specs, args.device, max_golden_seconds=args.max_golden_seconds,
+                  bounds_check=args.bounds_check, sanitize_timeout=args.call_timeout if args.sanitize else None)
     print(format_table(run.cases))
     changes = [f"  {case_label(fitted)}: {fitting(original, fitted)}" for original, fitted in pairs if original != fitted]
     if changes:

@@ -156,3 +156,13 @@ def compile_launch(plan: plans.Launch, device: torch.device) -> None:
 def target_of(device: torch.device) -> str:
     """The tile table of ``device`` (``sm90`` on Hopper)."""
     return configs.target_for(device, interpret=False)
+
+
+def variants_of(cases: list[tuple[CaseSpec, str]], target: str) -> dict[tuple, tuple[CaseSpec, str, int]]:
+    """Each distinct compile key of ``cases``' launches on a GPU of ``target`` (a tile table of
+    :mod:`kernels.triton_fa2.configs`), with the first (case, layout, launch index) needing it."""
+    found: dict[tuple, tuple[CaseSpec, str, int]] = {}
+    for spec, layout in cases:
+        for index, plan in enumerate(launches(spec, layout=layout, target=target)):
+            found.setdefault(key(plan), (spec, layout, index))
+    return found

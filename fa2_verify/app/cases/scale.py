@@ -1,7 +1,7 @@
 """The ``scale`` case set of ``fa2-verify run --cases scale``: production lengths, on a GPU and scaled to a CPU.
 
 The bugs that hurt kernels in production live where the fixed set
-(:mod:`verify.fixed_cases`) never goes: 32-bit offsets that wrap past 2^31
+(:mod:`app.cases.fixed`) never goes: 32-bit offsets that wrap past 2^31
 elements, grid limits at 65,536 programs, key indices past 65,536,
 statistics combined over hundreds of key blocks, split-KV paths that only
 engage for long keys, head_dim > 128 code paths, and padded workspaces (a
