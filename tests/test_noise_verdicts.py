@@ -238,3 +238,30 @@ def test_rows_that_share_a_scale_error_are_judged_only_when_it_is_far_below_u(co
     judged = noise_verdicts.premise(spec, "out", torch.zeros(1, 2, 128))
     record = noise_verdicts.bias("out", lean, lean, judged, alpha, 2.0**-11)
     assert (record["groups_judged"] if record else 0) == judged_groups
+
+
+def test_an_output_judged_one_batch_at_a_time_gets_the_records_of_the_whole(long_case, monkeypatch):
+    """Every group lies within a batch, so judging in parts of whole batches (the memory bound of large cases)
+    changes no verdict: the same scores, the same share judged, the same element and groups, named with their
+    own batch."""
+    case, golden = long_case
+    actual = run_case(load_kernel("reference"), case)
+    model = model_attention(case, actual)
+    bounds = error_model.first_order_bounds(case, golden)
+    out = actual["out"].clone()
+    out[1, :, 3] = (golden.out[1, :, 3] * (1 + 2.0**-11)).to(out.dtype)
+    dv = actual["dv"].clone()
+    dv[1, 7, 0] *= 1.05
+    for name, tensor in (("out", out), ("dv", dv)):
+        whole = noise_verdicts.judge(case.spec, name, tensor, getattr(golden, name), bounds[name], model)
+        monkeypatch.setattr(noise_verdicts, "JUDGE_ELEMENTS", 1)
+        parts = noise_verdicts.judge(case.spec, name, tensor, getattr(golden, name), bounds[name], model)
+        monkeypatch.undo()
+        keys = {"statistical": ("score", "judged", "path", "tile"), "local": ("score", "group"),
+                "bias": ("score", "group", "groups_judged")}
+        for verdict, fields in keys.items():
+            if whole[verdict] is None:
+                assert parts[verdict] is None
+            else:
+                assert [parts[verdict][f] for f in fields] == pytest.approx([whole[verdict][f] for f in fields])
+    assert parts["local"]["group"].startswith("key 7 of batch 1")

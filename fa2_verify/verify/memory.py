@@ -41,8 +41,15 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   its outputs, K and V of one batch repeated over the query heads, the float32
   dK/dV sums, and one row block of about ``WORK_ELEMENTS[device]`` scores per
   query head in the dtype, with their gradients;
+* *model kernel* (device, :mod:`verify.model_kernel`, 16-bit cases only): its
+  outputs and float32 dK/dV sums, its rows' ``logit_max`` and scale errors,
+  K and V of one batch repeated over the query heads in float32, and one row
+  block of float32 scores like the naive attention's;
 * *comparison* (device, :func:`verify.metrics.compare`): float64 work arrays
-  of one chunk of ``CHUNK_ELEMENTS`` elements.
+  of one chunk of ``CHUNK_ELEMENTS`` elements; for a 16-bit case, beside the
+  model's outputs, the statistical, local and bias verdicts of one output at a
+  time (:mod:`verify.noise_verdicts`), float64 arrays of as many whole batches
+  of it as ``JUDGE_ELEMENTS`` holds (at least one).
 
 Nothing is ``P``-sized: the golden, the error model, the naive attention and
 the comparison work in row blocks or chunks, so a 128k-token case
@@ -74,6 +81,7 @@ from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
 from fa2_verify.verify import golden_time
 from fa2_verify.verify.error_model import pairs_per_chunk as error_model_pairs, work_elements
 from fa2_verify.verify.metrics import CHUNK_ELEMENTS
+from fa2_verify.verify.noise_verdicts import JUDGE_ELEMENTS
 
 FLOAT64 = 8
 FLOAT32 = 4
@@ -106,6 +114,15 @@ ERROR_MODEL_KEY_COPIES = 8
 #: and its masked copy, the mask, dP and dS, and float32 copies of P and dS for
 #: the dK/dV sums).
 LOWPREC_SCORE_COPIES = 14
+
+#: Score blocks alive at once in the model kernel, in float32 (:mod:`verify.model_kernel`: the logits, masked,
+#: their exponentials and ``fl_T`` copy, the visibility mask, and the backward's ``P``, ``dP``, ``dS``).
+MODEL_SCORE_COPIES = 10
+
+#: Float64 arrays of an output's size alive while the noise verdicts judge it (:func:`verify.noise_verdicts.judge`:
+#: the golden, the kernel's and the model's outputs canonical, the errors, units, ``r``, leans and group sums;
+#: 13.3 measured on the CPU for ``out``, besides the golden and the bound).
+NOISE_VERDICT_COPIES = 14
 
 #: Float64 arrays of a comparison chunk's size alive while an output is compared
 #: (:func:`verify.metrics.compare`, in chunks of ``CHUNK_ELEMENTS``: actual,
@@ -204,6 +221,12 @@ def estimate(
     naive_work = size * (LOWPREC_SCORE_COPIES * naive_block + 2 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
+    judged = spec.torch_dtype in (torch.float16, torch.bfloat16)
+    model_outputs = (outputs + 2 * FLOAT32 * rows + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
+    model_work = FLOAT32 * (MODEL_SCORE_COPIES * naive_block + 2 * repeated_keys) if judged else 0
+    per_batch = largest_output // max(1, spec.batch)
+    judged_at_once = min(largest_output, per_batch * max(1, JUDGE_ELEMENTS // max(1, per_batch)))
+    noise_work = NOISE_VERDICT_COPIES * FLOAT64 * judged_at_once if judged else 0
 
     return Estimate(
         (
@@ -212,7 +235,9 @@ def estimate(
             Stage("golden", held_device + golden_work, golden_host),
             Stage("error model", held_device + golden_outputs + error_model_work, 0),
             Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
-            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + compare_work, 0),
+            Stage("model kernel", held_device + golden_outputs + bounds + naive_outputs + model_outputs + model_work, 0),
+            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + model_outputs
+                  + max(compare_work, noise_work), 0),
         )
     )
 

@@ -250,9 +250,10 @@ def _original_index(output: str, b: int, h: int, t: int, c: int) -> list[int]:
     return [b, h, t] if _LAYOUT[output][1] is None else [b, t, h, c]
 
 
-def statistical(output: str, r: torch.Tensor, unit: torch.Tensor) -> dict[str, Any]:
+def statistical(output: str, r: torch.Tensor, unit: torch.Tensor, first_batch: int = 0) -> dict[str, Any]:
     """The statistical verdict's record: ``score`` (largest ``r`` over :data:`STATISTICAL_THRESHOLD`;
-    above 1 fails), the element, its ``r`` and noise unit, and the tile the unit comes from."""
+    above 1 fails), the element, its ``r`` and noise unit, and the tile the unit comes from (``r`` holding the
+    batches from ``first_batch`` on)."""
     flat = r.reshape(-1)
     at = int(torch.argmax(flat)) if flat.numel() else 0
     worst = float(flat[at]) if flat.numel() else 0.0
@@ -263,9 +264,9 @@ def statistical(output: str, r: torch.Tensor, unit: torch.Tensor) -> dict[str, A
         "score": worst / STATISTICAL_THRESHOLD,
         "threshold": STATISTICAL_THRESHOLD,
         "r": worst,
-        "path": tensor_path(output, _original_index(output, b, h, t, c)),
+        "path": tensor_path(output, _original_index(output, first_batch + b, h, t, c)),
         "unit": float(unit[b, h, t, c]) if flat.numel() else 0.0,
-        "tile": f"{_token_span(output, tile)} of batch {b}, {_head_noun(output)} {h}",
+        "tile": f"{_token_span(output, tile)} of batch {first_batch + b}, {_head_noun(output)} {h}",
     }
 
 
@@ -276,7 +277,8 @@ def _group_rms(squares: torch.Tensor, weight: torch.Tensor, dims: tuple[int, ...
     return torch.sqrt(total / count.clamp(min=1)), count > 0
 
 
-def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Tensor) -> dict[str, Any] | None:
+def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Tensor,
+          first_batch: int = 0) -> dict[str, Any] | None:
     """The local verdict's record for the most out-of-line group (``score`` above 1 fails), with the most
     out-of-line group of every kind that fails (``flagged``, kind to name); None when no element is judged.
 
@@ -303,8 +305,8 @@ def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Ten
         scores = torch.where(present, rms / limit, 0.0)
         at = int(torch.argmax(scores.reshape(-1)))
         score = float(scores.reshape(-1)[at])
-        name = _group_name(output, kind, [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)],
-                           tokens)
+        index = [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)]
+        name = _group_name(output, kind, [first_batch + index[0], *index[1:]], tokens)
         if score > 1:
             flagged[kind] = name
         if best is None or score > best["score"]:
@@ -344,7 +346,7 @@ def _self_normalized(rows: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.T
 
 
 def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torch.Tensor,
-         scale_errors: torch.Tensor, u: float) -> dict[str, Any] | None:
+         scale_errors: torch.Tensor, u: float, first_batch: int = 0) -> dict[str, Any] | None:
     """The bias verdict's record for the group whose errors lean one way the most (``score`` above 1 fails);
     None when no group is under its premise.
 
@@ -380,12 +382,18 @@ def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torc
             continue
         index = [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)]
         best = {"score": float(scores.reshape(-1)[at]), "kind": kind,
-                "group": _group_name(output, kind, index, lean.shape[2]), "mean": float(mean.reshape(-1)[at]),
+                "group": _group_name(output, kind, [first_batch + index[0], *index[1:]], lean.shape[2]),
+                "mean": float(mean.reshape(-1)[at]),
                 "model_mean": float(model_mean.reshape(-1)[at]), "z": float(z.reshape(-1)[at]),
                 "z_threshold": BIAS_Z, "ratio": BIAS_RATIO, "floor": BIAS_FLOOR}
     if best is not None:
         best["groups_judged"] = judged_groups
     return best
+
+
+#: Elements of an output the verdicts judge at once, in whole batches (at least one): every group lies within
+#: one batch, and the verdicts hold about 14 float64 arrays of the elements judged (``verify.memory``).
+JUDGE_ELEMENTS = 2**26
 
 
 def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
@@ -395,15 +403,55 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
     local record is None when no element is judged, the bias record for outputs outside :data:`BIAS_OUTPUTS`
     and where no group is under its premise.
 
-    The statistical record's ``judged`` is the share of the output's elements under the premise.
+    The output is judged :data:`JUDGE_ELEMENTS` at a time in whole batches (every tensor here is batch-first),
+    and the records of the parts merged (:func:`_merged`).  The statistical record's ``judged`` is the share of
+    the output's elements under the premise.
     """
+    step = max(1, JUDGE_ELEMENTS // max(1, actual[0].numel()))
+    parts = []
+    for first in range(0, actual.shape[0], step):
+        batches = slice(first, first + step)
+        part_model = {name: model[name][batches] for name in (output, "logit_max", "scale_errors")}
+        parts.append(_judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model,
+                                    first))
+    return _merged(parts)
+
+
+def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
+                   model: dict[str, torch.Tensor], first_batch: int) -> dict[str, dict[str, Any] | None]:
+    """:func:`judge` on the batches from ``first_batch`` on that the tensors hold."""
     noise = noise_units(spec, output, actual, expected, model[output], bound)
     judged = premise(spec, output, model["logit_max"].to(noise.r.device))
     r = torch.where(judged, noise.r, 0.0)
-    record = statistical(output, r, noise.unit)
+    record = statistical(output, r, noise.unit, first_batch)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
-    records = {"statistical": record, "local": local(output, r, noise.r_model, judged), "bias": None}
+    record["elements"] = r.numel()
+    records = {"statistical": record, "local": local(output, r, noise.r_model, judged, first_batch), "bias": None}
     if noise.lean is not None and noise.lean_model is not None and bool(judged.any()):
         records["bias"] = bias(output, noise.lean, noise.lean_model, judged, model["scale_errors"],
-                               unit_roundoff(spec.torch_dtype))
+                               unit_roundoff(spec.torch_dtype), first_batch)
     return records
+
+
+def _merged(parts: list[dict[str, dict[str, Any] | None]]) -> dict[str, dict[str, Any] | None]:
+    """One output's records from those of its parts: each verdict's highest score, with the statistical share
+    judged over all elements, the local verdict's failing groups of every part (for a kind that several parts
+    flag, the group of the highest-scoring part) and the bias verdict's groups judged summed."""
+    def best(name: str) -> dict[str, Any] | None:
+        records = [record for record in (part[name] for part in parts) if record is not None]
+        return dict(max(records, key=lambda record: record["score"])) if records else None
+
+    statistical_record, local_record, bias_record = best("statistical"), best("local"), best("bias")
+    assert statistical_record is not None
+    shares = [(record["judged"], record["elements"]) for record in (part["statistical"] for part in parts) if record]
+    statistical_record["judged"] = sum(share * count for share, count in shares) / max(1, sum(c for _, c in shares))
+    del statistical_record["elements"]
+    if local_record is not None:
+        flagged: dict[str, str] = {}
+        for part in sorted((part["local"] for part in parts if part["local"] is not None),
+                           key=lambda record: record["score"]):
+            flagged.update(part["flagged"])
+        local_record["flagged"] = flagged
+    if bias_record is not None:
+        bias_record["groups_judged"] = sum(record["groups_judged"] for record in (part["bias"] for part in parts) if record)
+    return {"statistical": statistical_record, "local": local_record, "bias": bias_record}
