@@ -14,7 +14,7 @@ inputs' dtype ``T``, with every row's keys in one block:
   contract hands them to its backward (the model's where the kernel gives no
   LSE), so the noise of a gradient is that of a backward given those forward
   outputs: ``P = exp(S - LSE)``, ``dV = fl_T(P)^T dO``, ``dP = dO V^T``,
-  ``D = rowsum(dO * O)``, ``dS = fl_T(P (dP - D))``, ``dQ = scale dS K``,
+  ``D = rowsum(dO * O)``, ``dS = fl_T(fl_T(P) (dP - D))``, ``dQ = scale dS K``,
   ``dK = scale dS^T Q``, accumulated in float32 over every row and every query
   head of a group and rounded to ``T`` once.
 
@@ -106,10 +106,13 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
             lse_safe = torch.where(torch.isfinite(lse_rows), lse_rows, 0.0)
             p = torch.where(visible, torch.exp(logits - lse_safe[..., None]), 0.0)
             delta = (dout_rows * o_rows.float()).sum(-1, keepdim=True)
-            ds = (p * (dout_rows @ v_rows.mT - delta)).to(dtype).float()
+            # dS from P rounded to T, the copy dV uses (eq. 6; PyTorch's memory-efficient backward): of the two
+            # ways correct kernels form dS the noisier, by eta |dP - D| where P is subnormal in T
+            p_rounded = p.to(dtype).float()
+            ds = (p_rounded * (dout_rows @ v_rows.mT - delta)).to(dtype).float()
             dq[b, rows] = (scale * (ds @ k_rows)).to(dtype).transpose(0, 1)
             dk_heads = scale * (ds.mT @ q_rows)
-            dv_heads = p.to(dtype).float().mT @ dout_rows
+            dv_heads = p_rounded.mT @ dout_rows
             dk_sum[b, keys] += dk_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
             dv_sum[b, keys] += dv_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
     if spec.backward:
