@@ -1,9 +1,9 @@
-"""The statistical and local verdicts: a kernel's error in units of a model kernel's rounding noise.
+"""The statistical, local and bias verdicts: a kernel's error in units of a model kernel's rounding noise.
 
 The worst-case verdict (:mod:`verify.error_model`) proves that no correct
 kernel exceeds its bound, but its bound grows like ``n u`` while real
 rounding grows like ``sqrt(n) u``; at 65k to 131k keys an error a hundred
-times the real noise passes it.  These two verdicts measure the noise
+times the real noise passes it.  These three verdicts measure the noise
 instead (docs/error-model.md, "Statistical and local verdicts"):
 
 * the **model kernel** (:mod:`verify.model_kernel`) computes the case with
@@ -21,9 +21,14 @@ instead (docs/error-model.md, "Statistical and local verdicts"):
   a batch) above ``LOCAL_RATIO`` times the model's own over the same group
   (at least ``LOCAL_FLOOR``) is an error out of line with rounding: stale
   rows, a dropped key block, a head read from the wrong offset or scaled, a
-  lost dQ update.
+  lost dQ update.  **Bias verdict** (:func:`bias`, ``out`` only): a head or a
+  batch whose rows' signed errors lean one way (a self-normalized sum above
+  :data:`BIAS_Z`, a mean above ``BIAS_RATIO`` times the model's and
+  :data:`BIAS_FLOOR`) where rounding to nearest errs both ways: a head scaled
+  by ``1 + eps`` with ``eps`` of the order of ``u``, under an ulp per element;
+  its own premise asks the rows to round independently.
 
-Both rest on one premise: the rounding to ``T`` dominates the noise of
+All rest on one premise: the rounding to ``T`` dominates the noise of
 every correct kernel, so that what a kernel does otherwise (another
 summation order, base-2 exponentials, split-KV weights in float32) adds
 little.  They apply to float16 and bfloat16 cases only (float32 and float64
