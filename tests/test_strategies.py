@@ -173,6 +173,13 @@ def test_boundary_lengths_hold_the_tiling_edges():
     assert lengths == sorted(lengths) and all(n in shapes.PRIMES or n in (1, 2) or n % 16 in (0, 1, 15) for n in lengths)
 
 
+@QUICK
+@given(shapes.seqlen_pairs(max_value=40))
+def test_seqlen_pairs_without_capabilities_draw_any_pair(pair):
+    """No capabilities: no constraint on the lengths (the default once raised a TypeError, missing head_dims)."""
+    assert all(isinstance(n, int) and n >= 1 for n in pair)
+
+
 # Value generators --------------------------------------------------------------
 
 

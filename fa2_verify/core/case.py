@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import numbers
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -26,6 +26,9 @@ from fa2_verify.core.contract import (
 )
 from fa2_verify.core import values
 from fa2_verify.core.errors import UsageError
+
+#: A :class:`CaseSpec` or a subclass of it (:class:`core.varlen.VarlenSpec`), kept by the methods that copy it.
+_Spec = TypeVar("_Spec", bound="CaseSpec")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +94,7 @@ class CaseSpec:
         return visible_ranges(self.seqlen_q, self.seqlen_k, causal=self.causal, window_size=self.window_size,
                               alignment=self.causal_alignment, device=device)
 
-    def aligned(self, alignment: str) -> "CaseSpec":
+    def aligned(self: _Spec, alignment: str) -> _Spec:
         """This case under a kernel whose masks are ``alignment`` aligned: that alignment where it
         changes the mask (:attr:`alignment_matters`), else the case itself."""
         if self.alignment_matters and self.causal_alignment != alignment:

@@ -9,6 +9,8 @@ shadow a name of another test suite.
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import pytest
 
 from fa2_verify.properties import profiles
@@ -24,8 +26,9 @@ MARKER_HELP = (
 _dtypes_key = pytest.StashKey["tuple[str, ...]"]()
 
 
-def is_property(item: pytest.Item) -> bool:
-    return item.get_closest_marker(MARKER) is not None
+def is_property(item: pytest.Item) -> TypeGuard[pytest.Function]:
+    """Whether ``item`` is a property test: a function :func:`property_tests` made, carrying the marker."""
+    return isinstance(item, pytest.Function) and item.get_closest_marker(MARKER) is not None
 
 
 def property_tests(collector: pytest.Collector, name: str, obj: object) -> list[pytest.Function] | None:

@@ -97,6 +97,31 @@ class Property:
     requires: tuple[str, ...] = ()
 
 
+#: The attributes :func:`attach` gives a property test's function.
+_PROPERTY_ATTRIBUTE = "fa2_property"
+_DTYPE_ATTRIBUTE = "fa2_dtype"
+
+
+def attach(test: Callable[..., None], prop: Property, dtype: str | None) -> None:
+    """Record on ``test``, the function pytest runs for one shard of ``prop`` (:func:`properties.harness.build_test`),
+    the declaration and the dtype the shard draws (``None``: every dtype), which the plugin reads back
+    (:func:`attached_property`, :func:`attached_dtype`)."""
+    setattr(test, _PROPERTY_ATTRIBUTE, prop)
+    setattr(test, _DTYPE_ATTRIBUTE, dtype)
+
+
+def attached_property(test: object) -> Property:
+    """The declaration :func:`attach` recorded on ``test``."""
+    prop: Property = getattr(test, _PROPERTY_ATTRIBUTE)
+    return prop
+
+
+def attached_dtype(test: object) -> str | None:
+    """The dtype :func:`attach` recorded on ``test``."""
+    dtype: str | None = getattr(test, _DTYPE_ATTRIBUTE)
+    return dtype
+
+
 def declare(*, breaker: str, requires: tuple[str, ...] = ()) -> Callable[[Callable[[Any, Any], None]], Property]:
     """Declare the decorated ``test_<quantity>_<invariant>(suite, data)`` as a :class:`Property`."""
     needed = check_choices("requires", requires, REQUIREMENTS) if requires else ()

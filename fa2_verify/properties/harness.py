@@ -22,7 +22,7 @@ import functools
 import hashlib
 import importlib
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import pytest
 from hypothesis import Phase, given, settings
@@ -30,8 +30,9 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 from hypothesis.errors import FlakyFailure
 
+from fa2_verify.core.contract import Capabilities
 from fa2_verify.properties import profiles, verdicts
-from fa2_verify.properties.declaration import MARKER, Property, PropertyFailure
+from fa2_verify.properties.declaration import MARKER, Property, PropertyFailure, attach
 from fa2_verify.properties.session import Suite
 
 #: The modules declaring the properties, in the order :func:`declared_properties` lists them.
@@ -120,17 +121,39 @@ def build_test(prop: Property, test_settings: settings, shard: Shard) -> Callabl
             raise
         fa2_suite.example_ended(None)
 
-    functools.update_wrapper(example, prop.check, assigned=("__module__", "__name__", "__qualname__", "__doc__"))
-    del example.__wrapped__
-    test = settings(test_settings, max_examples=shard.max_examples)(given(data=st.data())(example))
+    wrapped = functools.update_wrapper(example, prop.check,
+                                       assigned=("__module__", "__name__", "__qualname__", "__doc__"))
+    del wrapped.__wrapped__
+    test = settings(test_settings, max_examples=shard.max_examples)(given(data=st.data())(wrapped))
     if shard.seed is not None:
         test = hypothesis_seed(shard.seed)(test)
-    test.fa2_property = prop
-    test.fa2_dtype = shard.dtype
+    attach(test, prop, shard.dtype)
     return getattr(pytest.mark, MARKER)(requires=prop.requires)(test)
 
 
-def missing_requirement(prop: Property, suite: Suite) -> str | None:
+class _Kernel(Protocol):
+    """What :func:`missing_requirement` reads of a kernel: a loaded one, or :mod:`properties.draws`' stand-in."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> Capabilities: ...
+
+    def unavailable_reason(self, device: str | None = None) -> str | None: ...
+
+
+class _KernelOnDevice(Protocol):
+    """What :func:`missing_requirement` reads of a suite: a :class:`Suite`, or :mod:`properties.draws`' stand-in."""
+
+    @property
+    def kernel(self) -> _Kernel: ...
+
+    @property
+    def device(self) -> str: ...
+
+
+def missing_requirement(prop: Property, suite: _KernelOnDevice) -> str | None:
     """Why ``suite``'s kernel cannot run ``prop`` here (unavailable, or a capability it lacks), or ``None``."""
     reason = suite.kernel.unavailable_reason(suite.device)
     if reason is not None:

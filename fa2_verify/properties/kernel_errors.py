@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+from collections.abc import Iterable
 from typing import Any
 
 from fa2_verify.core.atomic import append_line
@@ -66,7 +67,7 @@ def failure_class(error: ErrorKey) -> type[KernelError]:
     return _failure_classes[error]
 
 
-def ranges(values: set[int] | list[int]) -> str:
+def ranges(values: Iterable[int]) -> str:
     """``1..8, 16, 32..64``: sorted integers with their runs of consecutive values joined."""
     runs: list[list[int]] = []
     for value in sorted(set(values)):

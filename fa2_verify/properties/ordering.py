@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from fa2_verify.properties import collection, runner_shards, schedule
+from fa2_verify.properties.declaration import attached_dtype
 from fa2_verify.properties.options import usage
 from fa2_verify.properties.summary import OBSERVED, UNSUPPORTED
 
@@ -74,16 +75,17 @@ def order_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
     if dtypes is None:
         return
     slots = [index for index, item in enumerate(items) if collection.is_property(item)]
-    shards = [items[index] for index in slots]
+    shards = [item for item in items if collection.is_property(item)]
     workerinput = getattr(config, "workerinput", None)
     recorded = workerinput.get(DURATIONS) if workerinput is not None else None
     estimates = None
     if recorded and len(shards) == len(items):
         estimates = schedule.estimates_for([schedule.name_in_records(item.nodeid) for item in items], recorded)
     if estimates is not None:
+        assert workerinput is not None, "estimates come from the durations a worker's controller passed"
         order = schedule.balanced(estimates, workerinput["workercount"])
     else:
-        order = schedule.dtype_major([shard.obj.fa2_dtype for shard in shards], dtypes)
+        order = schedule.dtype_major([attached_dtype(shard.obj) for shard in shards], dtypes)
     for index, position in zip(slots, order):
         items[index] = shards[position]
 

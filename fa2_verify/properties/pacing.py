@@ -80,9 +80,13 @@ class Pacing:
         self.examples += 1
         self.after_failure += self._failing
         if error is None:
-            if self.share is not None and not self._failing and time.monotonic() - self._started >= self.share:
-                self.stopped = True
-                raise ShareSpent(f"{self.test}: its time share of {self.share:.3g} s is spent after {self.examples} examples")
+            if self.share is not None and not self._failing:
+                assert self._started is not None, "begin() starts the clock before the first example ends"
+                if time.monotonic() - self._started >= self.share:
+                    self.stopped = True
+                    raise ShareSpent(
+                        f"{self.test}: its time share of {self.share:.3g} s is spent after {self.examples} examples"
+                    )
             return
         self._failing = True
         name = type(error).__name__

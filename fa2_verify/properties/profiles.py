@@ -185,13 +185,15 @@ def settings_for(profile: Profile, *, database_dir: pathlib.Path | None):
     database = None
     if not profile.derandomize and database_dir is not None:
         database = DirectoryBasedExampleDatabase(database_dir)
+    default = settings.default
+    assert default is not None, "Hypothesis loads its default profile before a test's settings are built"
     return settings(
         max_examples=profile.max_examples,
         derandomize=profile.derandomize,
         database=database,
         deadline=None,
         print_blob=True,
-        verbosity=settings.default.verbosity,
+        verbosity=default.verbosity,
         phases=tuple(Phase) if profile.targeting else tuple(phase for phase in Phase if phase is not Phase.target),
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

@@ -57,6 +57,7 @@ def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head:
     if batch is not None:
         kept = (slice(batch, batch + 1), slice(None), slice(None))
     else:
+        assert head is not None, "independent keeps a batch element or a query head"
         kept = (slice(None), slice(None), slice(head, head + 1))
     tolerance = 2 * bounds_of(suite, case)["out"][kept]
     conclude(suite, spec, statement, [compare("out", runs[0].out[kept], runs[1].out[kept], tolerance)])

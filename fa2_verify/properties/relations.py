@@ -87,6 +87,7 @@ def replace_except(case: Case, other: Case, *, batch: int | None = None, head: i
         if batch is not None:
             keep[batch] = True
         else:
+            assert head is not None, "replace_except keeps a batch element or a query head"
             keep[:, :, head if query_heads else head // group] = True
         return torch.where(keep, mine, theirs)
 

@@ -12,14 +12,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from fa2_verify.properties import options as suite_options
 from fa2_verify.properties.allure_results import record_test
 from fa2_verify.properties.collection import is_property
+from fa2_verify.properties.declaration import attached_dtype, attached_property
 from fa2_verify.properties.summary import OBSERVED, UNSUPPORTED
+
+if TYPE_CHECKING:
+    from fa2_verify.properties.session import Suite
+
+
+def _suite(item: pytest.Function) -> Suite:
+    """The property test's ``fa2_suite`` fixture (the plugin's :class:`~properties.session.Suite`)."""
+    from fa2_verify.properties.session import Suite
+
+    suite = item.funcargs["fa2_suite"]
+    assert isinstance(suite, Suite), "the plugin's fa2_suite fixture is a Suite"
+    return suite
 
 
 def skip_unsupported(item: pytest.Item) -> None:
@@ -27,7 +40,7 @@ def skip_unsupported(item: pytest.Item) -> None:
     if is_property(item):
         from fa2_verify.properties.harness import missing_requirement
 
-        reason = missing_requirement(item.obj.fa2_property, item.funcargs["fa2_suite"])
+        reason = missing_requirement(attached_property(item.obj), _suite(item))
         if reason is not None:
             item.user_properties.append((UNSUPPORTED, reason))
             pytest.skip(f"unsupported: {reason}")
@@ -41,11 +54,11 @@ def around_call(item: pytest.Item) -> Generator[None, Any, Any]:
         return (yield)
     from fa2_verify.properties.pacing import ShareSpent, time_share
 
-    suite = item.funcargs["fa2_suite"]
+    suite = _suite(item)
     budget = suite_options.of(item.config)["time_budget"]
     workers = getattr(item.config, "workerinput", {}).get("workercount", 1)
     tests = sum(map(is_property, item.session.items))
-    suite.start_test(item.name, item.obj.fa2_dtype, time_share(budget, tests, workers) if budget else None)
+    suite.start_test(item.name, attached_dtype(item.obj), time_share(budget, tests, workers) if budget else None)
     try:
         return (yield)
     except ShareSpent:

@@ -54,7 +54,7 @@ HISTORY = 30
 def dtype_major(shard_dtypes: list[str | None], dtypes: tuple[str, ...]) -> list[int]:
     """The positions of shards of dtypes ``shard_dtypes`` (in collection order) in dtype-major order: by the
     rank of their dtype in ``dtypes``, collection order within a dtype (a shard of no dtype ranks first)."""
-    rank = {dtype: index for index, dtype in enumerate(dtypes)}
+    rank: dict[str | None, int] = {dtype: index for index, dtype in enumerate(dtypes)}
     return sorted(range(len(shard_dtypes)), key=lambda position: rank.get(shard_dtypes[position], 0))
 
 
@@ -70,7 +70,7 @@ def worksteal_shares(tests: int, workers: int) -> list[int]:
 def balanced(estimates: list[float], workers: int) -> list[int]:
     """The positions of tests of ``estimates`` seconds (in collection order) in the order that opens each
     worker's first run with one of the longest tests and, after it, one of the shortest (see the module)."""
-    runs = [([], share) for share in worksteal_shares(len(estimates), workers) if share]
+    runs: list[tuple[list[int], int]] = [([], share) for share in worksteal_shares(len(estimates), workers) if share]
     rest = sorted(range(len(estimates)), key=lambda position: -estimates[position])
     for run, _ in runs:
         run.append(rest.pop(0))

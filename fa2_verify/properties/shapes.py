@@ -157,7 +157,7 @@ def seqlen_pairs(
     (:func:`seqlens` rounds boundary lengths to the multiple).
     """
     if capabilities is None:
-        capabilities = Capabilities(dtypes={"cpu": ("float32",)})
+        capabilities = Capabilities(dtypes={"cpu": ("float32",)}, head_dims=(64,))
     low = max(min_value, capabilities.min_seqlen)
     equal = None
     if capabilities.smallest_seqlen() is not None:
@@ -166,6 +166,7 @@ def seqlen_pairs(
         )
         equal = equal_lengths.map(lambda n: (n, n))
     if capabilities.equal_seqlens:
+        assert equal is not None, "Capabilities refuses equal_seqlens with no equal length to run"
         return equal
     sides = st.tuples(
         *(

@@ -51,10 +51,12 @@ class Summary:
         prop = report.nodeid.split("::")[-1].split("[")[0]
         for key, value in report.user_properties:
             if key == UNSUPPORTED and report.when == "setup":
+                assert isinstance(value, str), "runtest records the unsupported reason as a string"
                 self.unsupported.setdefault(value, set()).add(prop)
             elif key == OBSERVED and report.when == "call":
                 self.verified += report.passed
                 self.seconds += report.duration
+                assert isinstance(value, str), "runtest records the observations as JSON text"
                 observed = json.loads(value)
                 records = observed["worst"]
                 self.examples += max((record["examples"] for record in records), default=0)

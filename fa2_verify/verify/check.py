@@ -105,7 +105,8 @@ class OutputJudge:
                                          threshold=error_model.THRESHOLDS[name], lowprec=self.naive.get(name))
             if name in self.judged:
                 records = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.bounds[name], self.model)
-                comparison = dataclasses.replace(comparison, **records)
+                comparison = dataclasses.replace(comparison, statistical=records["statistical"],
+                                                 local=records["local"], bias=records["bias"])
                 comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)
             comparisons[name] = comparison
         return comparisons
@@ -168,7 +169,8 @@ def _run_or_decline(
 
 def check_case(kernel: LoadedKernel, case: Case, *, golden_options: Any = None) -> CaseResult:
     """Run ``case`` through ``kernel`` and compare with the golden (see the module docstring)."""
-    device, seconds = str(case.q.device), {}
+    device = str(case.q.device)
+    seconds: dict[str, float] = {}
     actual, status, reason = _run_or_decline(kernel, case.spec, device, lambda: run_case(kernel, case), seconds)
     if actual is None:
         return CaseResult(spec=case.spec, kernel=kernel.name, device=device, status=status, reason=reason,
@@ -187,7 +189,8 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     seconds (one call for the whole batch) are the first sequence's: summed
     over the sequences, each phase counts once.
     """
-    device, seconds = str(packed.q.device), {}
+    device = str(packed.q.device)
+    seconds: dict[str, float] = {}
     actual, status, reason = _run_or_decline(kernel, packed.spec, device, lambda: run_varlen(kernel, packed), seconds)
     if actual is None:
         return [
@@ -197,7 +200,9 @@ def check_varlen(kernel: LoadedKernel, packed: Packed, *, golden_options: Any = 
     results = []
     for index, case in enumerate(packed.cases):
         rows_q, rows_k = packed.rows(index)
-        packed_rows = {"out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k}
+        packed_rows: dict[str, slice | tuple[slice, slice]] = {
+            "out": rows_q, "lse": (slice(None), rows_q), "dq": rows_q, "dk": rows_k, "dv": rows_k
+        }
         sequence = {name: tensor[packed_rows[name]].unsqueeze(0) for name, tensor in actual.items()}
         phases = dict(seconds) if index == 0 else {}
         results.append(dataclasses.replace(_compared(kernel, case, sequence, golden_options, phases), packed=packed.spec))

@@ -429,25 +429,27 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     # a chunk of consecutive (batch, kv head) pairs p = b * heads_kv + g is evaluated at once
     work = max(1, work_elements(device) // group)
     blocks = row_blocks(first, last, seqlen_k, work)
-    per_pair = backward and partials.dkv_rows is not None
+    dkv_rows = partials.dkv_rows if backward else None
+    per_pair = dkv_rows is not None
     chunk = pairs_per_chunk(batch * heads_kv, group, seqlen_q, seqlen_k, head_dim, work * group, per_pair)
 
     def by_pair(tensor: torch.Tensor, axis: int) -> torch.Tensor:
         """``tensor`` with its heads axis ``axis`` split into (kv head, group)."""
         return tensor.unflatten(axis, (heads_kv, group))
 
-    q_pairs, dout_pairs = by_pair(case.q, 2), by_pair(case.dout, 2) if backward else None
+    q_pairs = by_pair(case.q, 2)
     out_pairs, bound_out_pairs = by_pair(out, 2), by_pair(bound_out, 2)
     lse_pairs, bound_lse_pairs = by_pair(lse, 1), by_pair(bound_lse, 1)
     if backward:
         dq_pairs, bound_dq_pairs = by_pair(dq_expected, 2), by_pair(bound_dq, 2)
+        dout_pairs = by_pair(case.dout, 2)
         delta_pairs = by_pair(delta, 1) if delta is not None else None
     query_partials = None
     for start in range(0, batch * heads_kv, chunk):
         pair = torch.arange(start, min(start + chunk, batch * heads_kv), device=device)
         b, g = pair.div(heads_kv, rounding_mode="floor"), pair % heads_kv
-        if per_pair:
-            query_partials = _QueryBlockPartials(partials.dkv_rows, group, seqlen_k, head_dim, first, last)
+        if dkv_rows is not None:
+            query_partials = _QueryBlockPartials(dkv_rows, group, seqlen_k, head_dim, first, last)
         for rows, keys in blocks:
             key_index = torch.arange(keys.start, keys.stop, device=device)
             vis = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
@@ -511,7 +513,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             dp = dout_rows @ v_rows.mT
             # (5)
             b_delta = (dout_abs * b_out).sum(-1) + gamma(head_dim) * (dout_abs * o_abs).sum(-1)
-            if delta is None:
+            if delta_pairs is None:
                 d_rows = (dout_rows * out_pairs[b, rows, g].transpose(1, 2)).sum(-1)
             else:
                 d_rows = delta_pairs[b, g][..., rows]

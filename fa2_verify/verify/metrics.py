@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -283,14 +283,14 @@ def order_statistics(
                 remaining.setdefault(name, list(ranks))
                 candidates.setdefault(name, sorted(set(prefixes[name])))
                 bits = values.view(torch.int64)
-                digit = (bits >> shift) & (RADIX - 1)
+                digits = (bits >> shift) & (RADIX - 1)
                 if level == 0:
-                    index = digit
+                    index = digits
                 else:
                     known = torch.tensor(candidates[name], dtype=torch.int64, device=bits.device)
                     high = bits >> (shift + DIGIT_BITS)
                     slot = torch.searchsorted(known, high).clamp(max=len(known) - 1)
-                    index = (slot * RADIX + digit)[known[slot] == high]
+                    index = (slot * RADIX + digits)[known[slot] == high]
                 counts = torch.bincount(index, minlength=len(candidates[name]) * RADIX)
                 histograms[name] = counts if name not in histograms else histograms[name] + counts
         for name, counts in histograms.items():
@@ -327,7 +327,7 @@ def sorted_statistics(
 
 
 def summarize(
-    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], edges: dict[str, Sequence[float]], count: int
+    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], edges: Mapping[str, Sequence[float]], count: int
 ) -> dict[str, Distribution]:
     """A :class:`Distribution` per metric of ``chunks()``, ``count`` values each.
 
@@ -641,6 +641,7 @@ def describe_failure(result: "CaseResult", output: str | None = None) -> str:
         subject = f"case {spec.name or '(unnamed)'}"
         lines.append(f"{result.kernel} on {result.device}: {subject} {result.status}: {result.reason}")
     else:
+        assert output is not None, "a comparison is looked up only for a named output"
         share = 100.0 * comparison.mismatches / comparison.numel if comparison.numel else 0.0
         head = (
             f"{result.kernel} on {result.device}: {output} ({comparison.dtype}) mismatches the golden in "
