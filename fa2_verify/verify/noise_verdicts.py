@@ -362,7 +362,8 @@ def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torc
     is that the rows' errors are independent: the model's row scale errors ``scale_errors`` (batch, head,
     token; :func:`verify.model_kernel.model_attention`) are not all 0 and have a self-normalized sum of at most
     :data:`PREMISE_Z` over the group, which ties, plateaus and repeated rows (every row rounding ``P~`` alike)
-    break, unless their mean is below ``PREMISE_MEAN u`` (``u``: the unit roundoff of ``T``).  The score is the smaller of ``|z| / BIAS_Z`` and the mean's ratio to its limit.
+    break, unless their mean is below ``PREMISE_MEAN u`` (``u``: the unit roundoff of ``T``).  The score is the
+    smaller of ``|z| / BIAS_Z`` and the mean's ratio to its limit.
     """
     weight = judged.to(torch.float64)
     rows, model_rows = (lean * weight).sum(-1), (lean_model * weight).sum(-1)
@@ -383,10 +384,11 @@ def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torc
         limit = (BIAS_RATIO * model_mean.abs()).clamp(min=BIAS_FLOOR)
         scores = torch.where(qualified, torch.minimum(z.abs() / BIAS_Z, mean.abs() / limit), -1.0)
         at = int(torch.argmax(scores.reshape(-1)))
-        if float(scores.reshape(-1)[at]) < 0 or (best is not None and float(scores.reshape(-1)[at]) <= best["score"]):
+        top = float(scores.reshape(-1)[at])
+        if top < 0 or (best is not None and top <= best["score"]):
             continue
         index = [int(i) for i in torch.unravel_index(torch.tensor(at), scores.shape)]
-        best = {"score": float(scores.reshape(-1)[at]), "kind": kind,
+        best = {"score": top, "kind": kind,
                 "group": _group_name(output, kind, [first_batch + index[0], *index[1:]], lean.shape[2]),
                 "mean": float(mean.reshape(-1)[at]),
                 "model_mean": float(model_mean.reshape(-1)[at]), "z": float(z.reshape(-1)[at]),
