@@ -49,7 +49,7 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   of one chunk of ``CHUNK_ELEMENTS`` elements; for a 16-bit case, beside the
   model's outputs, the statistical, local and bias verdicts of one output at a
   time (:mod:`verify.noise_verdicts`), float64 arrays of as many whole batches
-  of it as ``JUDGE_ELEMENTS`` holds (at least one).
+  of it as ``noise_verdicts.JUDGE_ELEMENTS`` holds (at least one).
 
 Nothing is ``P``-sized: the golden, the error model, the naive attention and
 the comparison work in row blocks or chunks, so a 128k-token case
@@ -78,10 +78,9 @@ from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import CaseTooLarge
 from fa2_verify.golden.fast import BLOCK_ELEMENTS, pairs_per_chunk
 from fa2_verify.golden.options import AUTO_FALLBACK_MAX_WORK, GoldenOptions
-from fa2_verify.verify import golden_time
+from fa2_verify.verify import golden_time, noise_verdicts
 from fa2_verify.verify.error_model import pairs_per_chunk as error_model_pairs, work_elements
 from fa2_verify.verify.metrics import CHUNK_ELEMENTS
-from fa2_verify.verify.noise_verdicts import JUDGE_ELEMENTS
 
 FLOAT64 = 8
 FLOAT32 = 4
@@ -221,11 +220,11 @@ def estimate(
     naive_work = size * (LOWPREC_SCORE_COPIES * naive_block + 2 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
-    judged = spec.torch_dtype in (torch.float16, torch.bfloat16)
+    judged = spec.torch_dtype in noise_verdicts.DTYPES
     model_outputs = (outputs + 2 * FLOAT32 * rows + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
     model_work = FLOAT32 * (MODEL_SCORE_COPIES * naive_block + 2 * repeated_keys) if judged else 0
     per_batch = largest_output // max(1, spec.batch)
-    judged_at_once = min(largest_output, per_batch * max(1, JUDGE_ELEMENTS // max(1, per_batch)))
+    judged_at_once = min(largest_output, per_batch * noise_verdicts.batches_per_part(per_batch))
     noise_work = NOISE_VERDICT_COPIES * FLOAT64 * judged_at_once if judged else 0
 
     return Estimate(

@@ -56,11 +56,12 @@ def _softmax_block(logits: torch.Tensor, visible: torch.Tensor, values: torch.Te
     row_max = torch.where(any_visible, row_max, 0.0)
     p = torch.where(visible, torch.exp(masked - row_max), 0.0)
     denominator = p.sum(-1, keepdim=True)
-    numerator = p.to(dtype).float() @ values
-    out = torch.where(any_visible, numerator / torch.where(any_visible, denominator, 1.0), 0.0)
+    p_rounded = p.to(dtype).float()
+    safe_denominator = torch.where(any_visible, denominator, 1.0)
+    out = torch.where(any_visible, (p_rounded @ values) / safe_denominator, 0.0)
     lse = torch.where(any_visible, row_max + torch.log(denominator), float("-inf"))[..., 0]
-    scale_error = ((p.to(dtype).float() - p).sum(-1, keepdim=True) / torch.where(any_visible, denominator, 1.0))
-    return out, lse, scale_error[..., 0]
+    scale_error = (p_rounded - p).sum(-1) / safe_denominator[..., 0]
+    return out, lse, scale_error
 
 
 def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:

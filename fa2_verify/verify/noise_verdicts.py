@@ -403,6 +403,11 @@ def bias(output: str, lean: torch.Tensor, lean_model: torch.Tensor, judged: torc
 JUDGE_ELEMENTS = 2**26
 
 
+def batches_per_part(elements_per_batch: int) -> int:
+    """Batches of an output judged at once: as many as :data:`JUDGE_ELEMENTS` holds, at least one."""
+    return max(1, JUDGE_ELEMENTS // max(1, elements_per_batch))
+
+
 def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
           model: dict[str, torch.Tensor]) -> dict[str, dict[str, Any] | None]:
     """The ``statistical``, ``local`` and ``bias`` records of one output against the model kernel's outputs
@@ -410,17 +415,17 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
     local record is None when no element is judged, the bias record for outputs outside :data:`BIAS_OUTPUTS`
     and where no group is under its premise.
 
-    The output is judged :data:`JUDGE_ELEMENTS` at a time in whole batches (every tensor here is batch-first),
-    and the records of the parts merged (:func:`_merged`).  The statistical record's ``judged`` is the share of
-    the output's elements under the premise.
+    The output is judged :func:`batches_per_part` batches at a time (every tensor here is batch-first), and the
+    records of the parts merged (:func:`_merged`).  The statistical record's ``judged`` is the share of the
+    output's elements under the premise.
     """
-    step = max(1, JUDGE_ELEMENTS // max(1, actual[0].numel()))
+    step = batches_per_part(actual[0].numel())
     parts = []
     for first in range(0, actual.shape[0], step):
         batches = slice(first, first + step)
         part_model = {name: model[name][batches] for name in (output, "logit_max", "scale_errors")}
-        parts.append(_judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model,
-                                    first))
+        records = _judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model, first)
+        parts.append((records, actual[batches].numel()))
     return _merged(parts)
 
 
@@ -432,7 +437,6 @@ def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: 
     r = torch.where(judged, noise.r, 0.0)
     record = statistical(output, r, noise.unit, first_batch)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
-    record["elements"] = r.numel()
     records = {"statistical": record, "local": local(output, r, noise.r_model, judged, first_batch), "bias": None}
     if noise.lean is not None and noise.lean_model is not None and bool(judged.any()):
         records["bias"] = bias(output, noise.lean, noise.lean_model, judged, model["scale_errors"],
@@ -440,25 +444,28 @@ def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: 
     return records
 
 
-def _merged(parts: list[dict[str, dict[str, Any] | None]]) -> dict[str, dict[str, Any] | None]:
-    """One output's records from those of its parts: each verdict's highest score, with the statistical share
-    judged over all elements, the local verdict's failing groups of every part (for a kind that several parts
-    flag, the group of the highest-scoring part) and the bias verdict's groups judged summed."""
+def _merged(parts: list[tuple[dict[str, dict[str, Any] | None], int]]) -> dict[str, dict[str, Any] | None]:
+    """One output's records from those of its parts (each with its number of elements): each verdict's highest
+    score, with the statistical share judged over all elements, the local verdict's failing groups of every part
+    (for a kind that several parts flag, the group of the highest-scoring part) and the bias verdict's groups
+    judged summed."""
+    def records_of(name: str) -> list[dict[str, Any]]:
+        return [record for record in (part[name] for part, _ in parts) if record is not None]
+
     def best(name: str) -> dict[str, Any] | None:
-        records = [record for record in (part[name] for part in parts) if record is not None]
+        records = records_of(name)
         return dict(max(records, key=lambda record: record["score"])) if records else None
 
     statistical_record, local_record, bias_record = best("statistical"), best("local"), best("bias")
     assert statistical_record is not None
-    shares = [(record["judged"], record["elements"]) for record in (part["statistical"] for part in parts) if record]
-    statistical_record["judged"] = sum(share * count for share, count in shares) / max(1, sum(c for _, c in shares))
-    del statistical_record["elements"]
+    elements = sum(count for _, count in parts)
+    statistical_record["judged"] = sum(part["statistical"]["judged"] * count for part, count in parts
+                                       if part["statistical"] is not None) / max(1, elements)
     if local_record is not None:
         flagged: dict[str, str] = {}
-        for part in sorted((part["local"] for part in parts if part["local"] is not None),
-                           key=lambda record: record["score"]):
-            flagged.update(part["flagged"])
+        for record in sorted(records_of("local"), key=lambda record: record["score"]):
+            flagged.update(record["flagged"])
         local_record["flagged"] = flagged
     if bias_record is not None:
-        bias_record["groups_judged"] = sum(record["groups_judged"] for record in (part["bias"] for part in parts) if record)
+        bias_record["groups_judged"] = sum(record["groups_judged"] for record in records_of("bias"))
     return {"statistical": statistical_record, "local": local_record, "bias": bias_record}
