@@ -1,0 +1,87 @@
+"""Where the golden's seconds go, phase by phase, on one device (issue 30's profile).
+
+    python lab/probes/probe_golden_phases.py --device cuda --shapes 1x16x16384x128 1x1x131072x128c 1x32/4x16384x256c
+
+A shape is ``BxHxSxD`` (``H`` may be ``Hq/Hkv``; a trailing ``c`` is causal).
+Per shape, forward and backward, float16 (bfloat16 with ``--dtype``):
+``prepare`` (validation, float64 head-major copies), ``key`` (the cache key's
+hash, which seeds the certification's rows), the float64 pass
+(:func:`golden.fast.attention`), the certification
+(:func:`golden.certify.certify`), each synchronised; with ``--profile`` the
+float64 pass's top CUDA operators by time.  Prints one JSON line per shape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from fa2_verify import golden
+from fa2_verify.golden import api, certify, fast, inputs
+
+
+def _parse(shape: str) -> dict:
+    causal = shape.endswith("c")
+    b, h, s, d = shape.rstrip("c").split("x")
+    hq, _, hkv = h.partition("/")
+    return {"batch": int(b), "heads_q": int(hq), "heads_kv": int(hkv or hq), "seqlen": int(s), "head_dim": int(d),
+            "causal": causal}
+
+
+def _timed(device: str, function, *args, **kwargs):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    result = function(*args, **kwargs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shapes", nargs="+", default=["1x1x2048x128"])
+    parser.add_argument("--dtype", default="float16")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    for shape in args.shapes:
+        spec = _parse(shape)
+        generator = torch.Generator().manual_seed(0)
+        dtype = getattr(torch, args.dtype)
+        q_shape = (spec["batch"], spec["seqlen"], spec["heads_q"], spec["head_dim"])
+        kv_shape = (spec["batch"], spec["seqlen"], spec["heads_kv"], spec["head_dim"])
+        q, dout = (torch.randn(*q_shape, generator=generator).to(dtype).to(args.device) for _ in range(2))
+        k, v = (torch.randn(*kv_shape, generator=generator).to(dtype).to(args.device) for _ in range(2))
+        scale = spec["head_dim"] ** -0.5
+        timings: dict[str, float] = {}
+        problem, timings["prepare"] = _timed(
+            args.device, inputs.prepare, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], window_size=(-1, -1)
+        )
+        options = golden.GoldenOptions(method="fast")
+        key, timings["key"] = _timed(args.device, api._key, problem, options, "fast")
+        served, timings["float64 pass"] = _timed(args.device, fast.attention, problem)
+        bounds, timings["certification"] = _timed(
+            args.device, certify.certify, problem, served, rows=options.certify_rows, precision_bits=113,
+            seed=int(key[:16], 16),
+        )
+        _, timings["end to end"] = _timed(
+            args.device, golden.compute, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], options=options
+        )
+        line = {"shape": shape, "dtype": args.dtype, "seconds": {n: round(t, 3) for n, t in timings.items()},
+                "certified_bound": bounds}
+        if args.profile and args.device == "cuda":
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                fast.attention(problem)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=15, max_name_column_width=60)
+            print(table, flush=True)
+        print(json.dumps(line), flush=True)
+        del problem, served
+
+
+if __name__ == "__main__":
+    main()
