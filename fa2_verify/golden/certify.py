@@ -1,62 +1,75 @@
-"""Certify the fast golden against mpmath on sampled rows of the case it serves.
+"""Certify the fast golden on sampled rows against double-double reference rows, themselves checked against mpmath.
 
-Rows of ``out``, ``lse`` and ``dq`` are independent, so ``rows`` query rows
+Rows of ``out``, ``lse`` and ``dq`` are independent, so sampled query rows
 (among those that see at least one key) are recomputed by
-:func:`golden.rows.query_row`.  A row of ``dk``/``dv`` sums over every query
-that sees its key, so ``rows`` key rows (among keys seen by at least one
-query) are recomputed by :func:`golden.rows.key_row` from mpmath scores and
-two quantities of those queries taken from the fast path: the double-double
-``LSE_i`` and the offset ``b_i = D_i - dP_{i,p(i)}`` (:mod:`golden.fast`,
-step 4).  That is sound because both are certified here too, on the sampled
-query rows: ``LSE`` to :data:`LIMIT` absolute (an error ``e`` scales every
-``P_ij`` by ``exp(-e)``) and ``b`` to :data:`LIMIT` of
+:func:`golden.dd_rows.query_rows`.  A row of ``dk``/``dv`` sums over every
+query that sees its key, so sampled key rows (among keys seen by at least one
+query) are recomputed by :func:`golden.dd_rows.key_rows` from reference scores
+and two quantities of those queries taken from the fast path: the
+double-double ``LSE_i`` and the offset ``b_i = D_i - dP_{i,p(i)}``
+(:mod:`golden.fast`, step 4).  That is sound because both are certified here
+too, on the sampled query rows: ``LSE`` to :data:`LIMIT` absolute (an error
+``e`` scales every ``P_ij`` by ``exp(-e)``) and ``b`` to :data:`LIMIT` of
 ``sum_j P_ij |dP_ij - dP_{i,p(i)}|``, the scale of the ``dP_ij - D_i`` it
-enters, so neither can move dK or dV by more than :data:`LIMIT` of the
-terms they sum without failing the certification.  ``delta`` is certified
-like the outputs; none of the three is reported.
+enters, so neither can move dK or dV by more than :data:`LIMIT` of the terms
+they sum without failing the certification.  ``delta`` is certified like the
+outputs; none of the three is reported.
+
+The reference rows are an independent computation (exact fixed-point
+products and double-double arithmetic, :mod:`golden.fixed`, :mod:`golden.dd`,
+where the fast path splits its products adaptively and takes ``exp`` in
+float64), evaluated many rows at a time on the case's device.  They are
+checked against mpmath on every case (:func:`golden.rows.query_row`,
+:func:`golden.rows.key_row`): the first and the last sampled query row and key
+row, each restricted to at most :data:`MPMATH_TERMS` of its terms (a random
+subset that keeps the pivot key), must agree with mpmath to
+:data:`REFERENCE_LIMIT`, about ``2**40`` times tighter than the fast path's
+limit.  Those rows evaluate the same arithmetic on the case's own data
+(its exponents, its masks, its scale); the only difference on a full row is
+more terms of the same pairwise sums, whose error grows with ``log2`` of the
+count (:mod:`golden.dd`).
 
 The samples (:func:`sample`) always include the first eligible row of the
 first batch and head and the last eligible row of the last batch and head
 (mask boundaries), then ``rows - 2`` rows drawn by a generator seeded from
-the inputs' hash, so a case is always certified on the same rows, then, in
-the last batch and head, the rows where indexing bugs live, while they
-exist and fit in the budget: the first block boundaries ``64`` and
-``128`` and their neighbours, the rows just before and at ``2**15``,
-``2**16`` and ``2**17`` (16-bit offsets and grid limits), the start of the
-last 128-row block (the last key block, for key rows) and its neighbours,
-then the rows just after the powers of two.  An mpmath row costs one
-``exp`` and a dozen mpf operations per term it sums (the keys a query row
-sees, the queries of the whole GQA group that see a key row, 20-50 us
-each), so the boundary rows may add at most :data:`TERM_BUDGET` terms and
-at most what the other rows cost: at 131,072 tokens that keeps the
-certification at seconds per direction, and at 2,048 it at most doubles.  For each output the bound is
+the inputs (the cache key, or :func:`golden.inputs.fingerprint`), so a case
+is always certified on the same rows, then, in the last batch and head, the
+rows where indexing bugs live, while they exist and fit in
+:data:`TERM_BUDGET` terms: the first block boundaries ``64`` and ``128`` and
+their neighbours, the rows just before and at ``2**15``, ``2**16`` and
+``2**17`` (16-bit offsets and grid limits), the start of the last 128-row
+block (the last key block, for key rows) and its neighbours, then the rows
+just after the powers of two.  For each output the bound is
 
-    max |fast - mpmath|  /  max (|mpmath| + M)        (over every element of the sampled rows)
+    (max |fast - reference| + slack)  /  max (|reference| + M)  +  REFERENCE_LIMIT
 
-where ``M`` is the magnitude of the terms the element sums
-(:class:`golden.rows.Row`: e.g. ``sum_j P_ij |v_jc|`` for ``out``,
-``|scale| sum_j |dS_ij k_jc|`` for ``dq``, ``max_j |S_ij|`` for ``lse``), the
-scale of the first-order rounding bound in docs/error-model.md.  Measured
-against ``|mpmath|`` alone the bound would be meaningless where the exact
-value vanishes by cancellation (``dq = 0`` when all keys are equal, since
-``sum_j dS_ij = 0``), although the golden is as good there as anywhere.
-The difference is computed in mpmath, and the certification raises
-:class:`core.errors.GoldenError` when a bound exceeds :data:`LIMIT`.
-This is a measurement on samples, not a proof for the rows not sampled: the
-fast path's error is uniform by construction (:mod:`golden.fast`), which is
-what makes a few rows representative.
+over every element of the sampled rows, where ``M`` is the magnitude of the
+terms the element sums (:class:`golden.rows.Row`: e.g. ``sum_j P_ij |v_jc|``
+for ``out``, ``|scale| sum_j |dS_ij k_jc|`` for ``dq``, ``max_j |S_ij|`` for
+``lse``), the scale of the first-order rounding bound in
+docs/error-model.md, and ``slack`` the fixed-point products' remainder bound
+(:func:`golden.fixed.matmul`).  Measured against ``|reference|`` alone the
+bound would be meaningless where the exact value vanishes by cancellation
+(``dq = 0`` when all keys are equal, since ``sum_j dS_ij = 0``), although the
+golden is as good there as anywhere.  The certification raises
+:class:`core.errors.GoldenError` when a bound exceeds :data:`LIMIT` or the
+reference rows disagree with mpmath.  This is a measurement on samples, not a
+proof for the rows not sampled: the fast path's error is uniform by
+construction (:mod:`golden.fast`), which is what makes the sampled rows
+representative (docs/error-model.md, "The golden").
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
-from typing import Any
-import os
+import dataclasses
+from collections.abc import Callable, Iterator
 
 import numpy as np
+import torch
 from mpmath import libmp
 
-from fa2_verify.golden import rows as ref
+from fa2_verify.golden import dd, dd_rows
+from fa2_verify.golden import rows as mp_rows
 from fa2_verify.golden.fast import FastResult
 from fa2_verify.golden.inputs import HeadMajorInputs
 from fa2_verify.core.errors import GoldenError
@@ -65,6 +78,10 @@ from fa2_verify.core.errors import GoldenError
 #: float32's unit roundoff, so the golden's own error is invisible in any
 #: float16, bfloat16 or float32 kernel's error distribution.
 LIMIT = 2.0**-40
+
+#: Largest disagreement of the reference rows with mpmath, relative like the bounds: it is added to every
+#: reported bound, and about 2**10 times the reference's own error (``2**-90``, :mod:`golden.dd`).
+REFERENCE_LIMIT = 2.0**-80
 
 #: float64's smallest normal number; differences below it are not counted.
 UNDERFLOW = 2.0**-1022
@@ -76,16 +93,19 @@ BOUNDARY_BLOCKS = (64, 128)
 #: 65,536-program grid limits fail there.
 BOUNDARY_POWERS = (2**15, 2**16, 2**17)
 
-#: Most mpmath terms the boundary rows add per direction (query rows, key
-#: rows) beyond the first, the last and the random rows (and never more than
-#: those cost): 2**18 terms are a few seconds on one core (docs/benchmarks.md).
-TERM_BUDGET = 2**18
+#: Most terms the boundary rows add per direction (query rows, key rows): every boundary row of a case of
+#: 131,072 tokens fits, at about 2**22 double-double elements per batch of rows.
+TERM_BUDGET = 2**24
 
+#: Most (row, term) elements of one batch of reference rows: a few dozen float64 temporaries of this size live
+#: at once (32 MiB each).
+BATCH_TERMS = 2**22
 
-#: Fewest mpmath terms (all sampled rows together) for which the rows are
-#: evaluated by a pool of processes, one per CPU core: below it, forking
-#: costs more than it saves (about 2**16 terms are a second on one core).
-PARALLEL_MIN_TERMS = 2**16
+#: Terms of each row checked against mpmath (about 50 us each, :mod:`golden.rows`).
+MPMATH_TERMS = 256
+
+_QUERY_NAMES = ("out", "lse", "delta", "offset", "dq")
+_KEY_NAMES = ("dk", "dv")
 
 
 def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_bits: int, seed: int) -> dict[str, float]:
@@ -96,101 +116,223 @@ def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_
     """
     _require_finite(problem, fast)
     rng = np.random.default_rng(seed)
-    cache: dict[tuple[str, int, int], Any] = {}  # ref.Exact of an input, or a list of mpf rows
     backward = problem.dout is not None
-
-    def exact(name: str, b: int, head: int) -> ref.Exact:
-        if (name, b, head) not in cache:
-            cache[(name, b, head)] = ref.exact(getattr(problem, name)[b, head])
-        return cache[(name, b, head)]
-
-    def mpf_rows(name: str, b: int, head: int) -> list:
-        if (name, b, head) not in cache:
-            if name == "lse":
-                hi, lo = (x[b, head].cpu().numpy() for x in fast.lse_dd)
-                values = [libmp.mpf_add(ref.mpf(x), ref.mpf(y)) for x, y in zip(hi, lo)]
-            else:
-                values = [ref.mpf(x) for x in fast.offset[b, head].cpu().numpy()]
-            cache[(name, b, head)] = values
-        return cache[(name, b, head)]
-
-    names = ("out", "lse", "dq", "delta", "offset", "dk", "dv") if backward else ("out", "lse")
+    names = _QUERY_NAMES + _KEY_NAMES if backward else ("out", "lse")
     bounds = {name: _Bound() for name in names}
     lse_dd = _Bound()
-    jobs: list[tuple] = []  # (function, arguments, the fast path's values, the row's served LSE or None, terms)
     query_cost = lambda i: len(problem.keys_of(i))
-    for b, h, i in sample(problem.batch, problem.heads_q, problem.seen_queries(), rows, rng, query_cost):
-        keys = problem.keys_of(i)
-        span, g = slice(keys.start, keys.stop), h // problem.group
-        arguments = (
-            problem.q[b, h, i].cpu().numpy(),
-            exact("k", b, g).rows(span),
-            exact("v", b, g).rows(span),
-            problem.dout[b, h, i].cpu().numpy() if backward else None,
-            problem.scale,
-            precision_bits,
-            int(fast.pivot[b, h, i]) - keys.start,
-        )
-        actual = {"out": fast.out[b, h, i].cpu().numpy(), "lse": [float(fast.lse[b, h, i])]}
-        if backward:
-            actual.update(
-                dq=fast.dq[b, h, i].cpu().numpy(), delta=[float(fast.delta[b, h, i])], offset=[float(fast.offset[b, h, i])]
-            )
-        jobs.append((ref.query_row, arguments, actual, mpf_rows("lse", b, h)[i], len(keys)))
+    query_picks = sample(problem.batch, problem.heads_q, problem.seen_queries(), rows, rng, query_cost)
+    for b, g, picks in _batches(query_picks, problem.group, query_cost):
+        reference, served, served_lse = _query_batch(problem, fast, b, g, picks)
+        for name, bound in bounds.items():
+            if name in reference.values:
+                bound.add(served[name], reference.values[name], reference.magnitudes[name], reference.slack[name])
+        lse_dd.add_dd(served_lse, reference.values["lse"])
+    key_picks: list[tuple] = []
     if backward:
         key_cost = lambda j: problem.group * len(problem.queries_of(j))
-        for b, g, j in sample(problem.batch, problem.heads_kv, problem.seen_keys(), rows, rng, key_cost):
-            queries = problem.queries_of(j)
-            span = slice(queries.start, queries.stop)
-            heads = [
-                (
-                    exact("q", b, h).rows(span),
-                    exact("dout", b, h).rows(span),
-                    mpf_rows("lse", b, h)[span],
-                    fast.pivot[b, h, span].cpu().numpy(),
-                    mpf_rows("offset", b, h)[span],
-                )
-                for h in range(g * problem.group, (g + 1) * problem.group)
-            ]
-            arguments = (problem.k[b, g, j].cpu().numpy(), exact("v", b, g), j, heads, problem.scale, precision_bits)
-            actual = {"dk": fast.dk[b, g, j].cpu().numpy(), "dv": fast.dv[b, g, j].cpu().numpy()}
-            jobs.append((ref.key_row, arguments, actual, None, key_cost(j)))
-    for (*_, actual, served_lse, _), expected in zip(jobs, _evaluate(jobs)):
-        _add(bounds, actual, expected, precision_bits)
-        if served_lse is not None:
-            lse_dd.add(served_lse, expected.values["lse"], 0.0, precision_bits)
+        key_picks = sample(problem.batch, problem.heads_kv, problem.seen_keys(), rows, rng, key_cost)
+        for b, g, picks in _batches(key_picks, 1, key_cost):
+            reference, served = _key_batch(problem, fast, b, g, [j for _, j in picks])
+            for name in _KEY_NAMES:
+                bounds[name].add(served[name], reference.values[name], reference.magnitudes[name], reference.slack[name])
+    _check_reference(problem, fast, query_picks, key_picks, precision_bits, rng)
     observed = {name: bound.relative() for name, bound in bounds.items()}
     _enforce({**observed, "lse (double-double, absolute)": lse_dd.absolute()})
-    return {name: value for name, value in observed.items() if name not in ("delta", "offset")}
+    return {name: value + REFERENCE_LIMIT for name, value in observed.items() if name not in ("delta", "offset")}
 
 
-#: The rows of one certification, while a pool of forked processes evaluates them.
-_JOBS: list[tuple] = []
+def _batches(picks: list[tuple], group: int, cost: Callable[[int], int]) -> Iterator[tuple[int, int, list]]:
+    """``(b, kv head, [(head, row), ...])`` batches of the picks that share a kv head, in row order, each within
+    :data:`BATCH_TERMS` (rows times the widest row's terms) or a single row."""
+    by_head: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for b, head, row in picks:
+        by_head.setdefault((b, head // group), []).append((head, row))
+    for (b, g), members in sorted(by_head.items()):
+        members.sort(key=lambda member: member[1])
+        batch: list[tuple[int, int]] = []
+        for member in members:
+            if batch and (len(batch) + 1) * max(cost(row) for _, row in batch + [member]) > BATCH_TERMS:
+                yield b, g, batch
+                batch = []
+            batch.append(member)
+        yield b, g, batch
 
 
-def _evaluate(jobs: list[tuple]) -> list[ref.Row]:
-    """Each job's mpmath row, in order: in this process, or across the CPU cores above :data:`PARALLEL_MIN_TERMS`.
+def _query_batch(problem: HeadMajorInputs, fast: FastResult, b: int, g: int, picks: list[tuple[int, int]]):
+    """The reference of query rows ``picks`` (head, row) of kv head ``g`` of batch ``b``, the served values, and
+    the served LSE as a double-double."""
+    heads = torch.tensor([h for h, _ in picks], device=problem.device)
+    rows = torch.tensor([i for _, i in picks], device=problem.device)
+    keys = slice(min(int(problem.first[i]) for _, i in picks), max(int(problem.last[i]) for _, i in picks) + 1)
+    visible = _visible(problem, rows, keys)
+    dout = problem.dout[b][heads, rows] if problem.dout is not None else None
+    reference = dd_rows.query_rows(
+        problem.q[b][heads, rows], problem.k[b, g, keys], problem.v[b, g, keys], dout, visible, problem.scale
+    )
+    served = {name: getattr(fast, name)[b][heads, rows] for name in _QUERY_NAMES if name in reference.values}
+    return reference, served, (fast.lse_dd[0][b][heads, rows], fast.lse_dd[1][b][heads, rows])
 
-    The rows are independent, pure Python and numpy (their inputs were made
-    exact and copied to the host here), so forked workers read them from
-    the inherited memory without pickling the inputs; only the rows' mpf
-    results come back.
+
+def _key_batch(problem: HeadMajorInputs, fast: FastResult, b: int, g: int, keys: list[int]):
+    """The reference of key rows ``keys`` of kv head ``g`` of batch ``b``, and the served values."""
+    index = torch.tensor(keys, device=problem.device)
+    queries = slice(problem.queries_of(min(keys)).start, problem.queries_of(max(keys)).stop)
+    heads = [
+        _query_head(problem, fast, b, h, index, torch.arange(queries.start, queries.stop, device=problem.device))
+        for h in range(g * problem.group, (g + 1) * problem.group)
+    ]
+    reference = dd_rows.key_rows(problem.k[b, g][index], problem.v[b, g][index], heads, problem.scale)
+    served = {name: getattr(fast, name)[b, g][index] for name in _KEY_NAMES}
+    return reference, served
+
+
+def _query_head(
+    problem: HeadMajorInputs, fast: FastResult, b: int, h: int, keys: torch.Tensor, queries: torch.Tensor
+) -> dd_rows.QueryHead:
+    """Query head ``h``'s share of the key rows ``keys``: the queries ``queries`` (an index tensor)."""
+    assert problem.dout is not None and fast.offset is not None  # key rows exist only with a backward
+    first = torch.from_numpy(problem.first).to(problem.device)[queries]
+    last = torch.from_numpy(problem.last).to(problem.device)[queries]
+    return dd_rows.QueryHead(
+        q=problem.q[b, h][queries],
+        dout=problem.dout[b, h][queries],
+        lse=(fast.lse_dd[0][b, h][queries], fast.lse_dd[1][b, h][queries]),
+        offset=fast.offset[b, h][queries],
+        pivot_v=problem.v[b, h // problem.group][fast.pivot[b, h][queries]],
+        visible=(keys >= first[:, None]) & (keys <= last[:, None]),
+    )
+
+
+def _visible(problem: HeadMajorInputs, rows: torch.Tensor, keys: slice) -> torch.Tensor:
+    """(R, n) bool: which keys of ``keys`` each query of ``rows`` sees."""
+    first = torch.from_numpy(problem.first).to(problem.device)[rows]
+    last = torch.from_numpy(problem.last).to(problem.device)[rows]
+    j = torch.arange(keys.start, keys.stop, device=problem.device)
+    return (j >= first[:, None]) & (j <= last[:, None])
+
+
+def _check_reference(
+    problem: HeadMajorInputs, fast: FastResult, query_picks: list, key_picks: list, precision_bits: int,
+    rng: np.random.Generator,
+) -> None:
+    """Raise ``GoldenError`` unless the reference rows agree with mpmath to :data:`REFERENCE_LIMIT` on the first
+    and last sampled query and key rows, each cut to at most :data:`MPMATH_TERMS` terms (module docstring)."""
+    bounds: dict[str, _Bound] = {}
+    for b, h, i in _ends(query_picks):
+        g = h // problem.group
+        keys = np.arange(problem.first[i], problem.last[i] + 1)
+        pivot = int(fast.pivot[b, h, i])
+        chosen = _subset(keys, pivot, MPMATH_TERMS, rng)
+        index = torch.from_numpy(chosen).to(problem.device)
+        k, v = problem.k[b, g][index], problem.v[b, g][index]
+        q = problem.q[b, h, i][None]
+        dout = problem.dout[b, h, i][None] if problem.dout is not None else None
+        reference = dd_rows.query_rows(q, k, v, dout, torch.ones((1, len(chosen)), dtype=torch.bool, device=q.device),
+                                       problem.scale)
+        expected = mp_rows.query_row(
+            q[0].cpu().numpy(), mp_rows.exact(k), mp_rows.exact(v), dout[0].cpu().numpy() if dout is not None else None,
+            problem.scale, precision_bits, int(np.searchsorted(chosen, pivot)),
+        )
+        _compare_with_mpmath(bounds, reference, expected, precision_bits)
+    for b, g, j in _ends(key_picks):
+        assert problem.dout is not None and fast.offset is not None  # key rows exist only with a backward
+        span = problem.queries_of(j)
+        key = torch.tensor([j], device=problem.device)
+        heads, mp_heads, value_rows = [], [], [problem.v[b, g][key]]  # value row 0 is the key's, then the pivots'
+        for h in range(g * problem.group, (g + 1) * problem.group):
+            chosen = _subset(np.arange(span.start, span.stop), None, max(MPMATH_TERMS // problem.group, 1), rng)
+            queries = torch.from_numpy(chosen).to(problem.device)
+            heads.append(_query_head(problem, fast, b, h, key, queries))
+            first_pivot = sum(len(rows) for rows in value_rows)
+            value_rows.append(problem.v[b, g][fast.pivot[b, h][queries]])
+            lse_hi, lse_lo = (x[b, h][queries].cpu().numpy() for x in fast.lse_dd)
+            mp_heads.append((
+                mp_rows.exact(problem.q[b, h][queries]),
+                mp_rows.exact(problem.dout[b, h][queries]),
+                [libmp.mpf_add(mp_rows.mpf(x), mp_rows.mpf(y)) for x, y in zip(lse_hi, lse_lo)],
+                np.arange(first_pivot, first_pivot + len(chosen)),
+                [mp_rows.mpf(x) for x in fast.offset[b, h][queries].cpu().numpy()],
+            ))
+        reference = dd_rows.key_rows(problem.k[b, g][key], problem.v[b, g][key], heads, problem.scale)
+        expected = mp_rows.key_row(
+            problem.k[b, g, j].cpu().numpy(), mp_rows.exact(torch.cat(value_rows)), 0, mp_heads, problem.scale,
+            precision_bits,
+        )
+        _compare_with_mpmath(bounds, reference, expected, precision_bits)
+    failed = {name: bound.relative() for name, bound in bounds.items() if not bound.relative() <= REFERENCE_LIMIT}
+    if failed:
+        detail = ", ".join(f"{name}={value:.3g}" for name, value in failed.items())
+        raise GoldenError(
+            f"the certification's double-double reference rows disagree with mpmath: {detail} above "
+            f"{REFERENCE_LIMIT:.3g}; compute this case with GoldenOptions(method='mpmath')"
+        )
+
+
+def _ends(picks: list[tuple]) -> list[tuple]:
+    """The first and the last of ``picks`` (one when they are the same)."""
+    return list(dict.fromkeys(picks[:1] + picks[-1:]))
+
+
+def _subset(terms: np.ndarray, keep: int | None, count: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``count`` of ``terms`` (sorted), drawn at random, always with ``keep`` when given."""
+    if len(terms) <= count:
+        return terms
+    drawn = rng.choice(terms, size=count, replace=False)
+    if keep is not None and keep not in drawn:
+        drawn[0] = keep
+    return np.sort(drawn)
+
+
+def _compare_with_mpmath(bounds: dict, reference: dd_rows.Reference, expected: mp_rows.Row, prec: int) -> None:
+    """Add the reference row's disagreement with mpmath's ``expected`` to ``bounds``, per output."""
+    for name, values in expected.values.items():
+        expected_values = values if isinstance(values, list) else [values]
+        hi, lo = (part.reshape(-1).cpu().numpy() for part in reference.values[name])
+        magnitudes = np.broadcast_to(expected.magnitudes[name], (len(expected_values),))
+        bound = bounds.setdefault(name, _Bound())
+        for h, l, e, m in zip(hi, lo, expected_values, magnitudes):
+            actual = libmp.mpf_add(mp_rows.mpf(h), mp_rows.mpf(l))
+            difference = libmp.mpf_abs(libmp.mpf_sub(actual, e, prec, mp_rows.RND))
+            bound.include(libmp.to_float(difference, rnd=libmp.round_up), abs(libmp.to_float(e)) + float(m))
+
+
+def _largest(values: torch.Tensor) -> float:
+    return float(values.max()) if values.numel() else 0.0
+
+
+class _Bound:
+    """Running ``max(|served - reference| + slack)`` and ``max(|reference| + M)`` over the sampled elements.
+
+    Differences up to :data:`UNDERFLOW` are not counted: a float64 result has
+    no relative precision below it (e.g. ``P_ij`` under ``exp(-708)``).
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    workers = min(cores, len(jobs))
-    if workers < 2 or sum(job[-1] for job in jobs) < PARALLEL_MIN_TERMS or "fork" not in mp.get_all_start_methods():
-        return [function(*arguments) for function, arguments, *_ in jobs]
-    _JOBS[:] = jobs
-    try:
-        with mp.get_context("fork").Pool(workers) as pool:
-            return pool.map(_evaluate_job, range(len(jobs)), chunksize=1)
-    finally:
-        _JOBS.clear()
 
+    def __init__(self) -> None:
+        self.diff = 0.0
+        self.scale = 0.0
 
-def _evaluate_job(index: int) -> ref.Row:
-    function, arguments, *_ = _JOBS[index]
-    return function(*arguments)
+    def include(self, difference: float, scale: float) -> None:
+        self.diff = max(self.diff, difference)
+        self.scale = max(self.scale, scale)
+
+    def add(self, served: torch.Tensor, reference: dd.DD, magnitude: torch.Tensor, slack: torch.Tensor) -> None:
+        """Served float64 values against the reference's double-doubles, ``slack`` added to each difference."""
+        difference = ((served - reference[0]) - reference[1]).abs() + slack
+        self.include(_largest(difference), _largest(dd.value(reference).abs() + magnitude))
+
+    def add_dd(self, served: dd.DD, reference: dd.DD) -> None:
+        """Served double-doubles against the reference's, absolute only."""
+        self.include(_largest(dd.value(dd.sub(served, reference)).abs()), 0.0)
+
+    def relative(self) -> float:
+        excess = max(self.diff - UNDERFLOW, 0.0)
+        if excess == 0.0:
+            return 0.0
+        return excess / self.scale if self.scale else float("inf")
+
+    def absolute(self) -> float:
+        return max(self.diff - UNDERFLOW, 0.0)
 
 
 def _require_finite(problem: HeadMajorInputs, fast: FastResult) -> None:
@@ -212,44 +354,6 @@ def _require_finite(problem: HeadMajorInputs, fast: FastResult) -> None:
                 f"the fast golden produced {name}{index}={value} (head-major index), not finite: "
                 "compute this case with GoldenOptions(method='mpmath')"
             )
-
-
-def _add(bounds: dict, actual: dict, expected: ref.Row, prec: int) -> None:
-    for name, values in actual.items():
-        expected_values = expected.values[name]
-        expected_values = expected_values if isinstance(expected_values, list) else [expected_values]
-        magnitudes = np.broadcast_to(expected.magnitudes[name], (len(expected_values),))
-        for a, e, m in zip(values, expected_values, magnitudes):
-            bounds[name].add(ref.mpf(a), e, float(m), prec)
-
-
-class _Bound:
-    """Running ``max |actual - expected|`` (in mpmath) and ``max (|expected| + magnitude)``.
-
-    Differences up to :data:`UNDERFLOW` are not counted: a float64 result
-    has no relative precision below it (e.g. ``P_ij`` under ``exp(-708)``).
-    """
-
-    def __init__(self) -> None:
-        self.diff = libmp.fzero
-        self.scale = 0.0
-
-    def add(self, actual: tuple, expected: tuple, magnitude: float, prec: int) -> None:
-        self.diff = _larger(self.diff, libmp.mpf_abs(libmp.mpf_sub(actual, expected, prec, ref.RND)))
-        self.scale = max(self.scale, abs(libmp.to_float(expected)) + magnitude)
-
-    def relative(self) -> float:
-        excess = max(libmp.to_float(self.diff, rnd=ref.RND) - UNDERFLOW, 0.0)
-        if excess == 0.0:
-            return 0.0
-        return excess / self.scale if self.scale else float("inf")
-
-    def absolute(self) -> float:
-        return max(libmp.to_float(self.diff, rnd=ref.RND) - UNDERFLOW, 0.0)
-
-
-def _larger(a: tuple, b: tuple) -> tuple:
-    return a if libmp.mpf_cmp(a, b) >= 0 else b
 
 
 def _enforce(observed: dict[str, float]) -> None:
@@ -281,10 +385,8 @@ def sample(batch: int, heads: int, eligible: range, count: int, rng: np.random.G
     The first row is taken in batch 0, head 0, and the last in the last batch
     and head; up to ``count`` rows in all come from those two and a uniform
     draw over every ``(b, head, row)``.  Then each of :func:`boundary_rows`, in
-    the last batch and head (whose inputs the last row already converted for
-    mpmath), while the sum of their ``cost(row)`` stays within both
-    :data:`TERM_BUDGET` and the cost of the rows already picked (so the
-    boundary rows at most double the certification's time).
+    the last batch and head, while the sum of their ``cost(row)`` stays within
+    :data:`TERM_BUDGET`.
     """
     rows = len(eligible)
     total = batch * heads * rows
@@ -295,11 +397,10 @@ def sample(batch: int, heads: int, eligible: range, count: int, rng: np.random.G
         flat = [0, total - 1][:count] + [int(f) for f in middle]
     per_batch = heads * rows
     picks = [(f // per_batch, f // rows % heads, eligible[f % rows]) for f in flat]
-    budget = min(TERM_BUDGET, sum(cost(row) for *_, row in picks))
     spent = 0
     for row in boundary_rows(eligible):
         pick = (batch - 1, heads - 1, row)
-        if pick in picks or spent + cost(row) > budget:
+        if pick in picks or spent + cost(row) > TERM_BUDGET:
             continue
         spent += cost(row)
         picks.append(pick)

@@ -156,14 +156,14 @@ def leading_slice(x: torch.Tensor, axis: int, beta: int) -> torch.Tensor:
         piece -= sigma
         return piece
     shift = beta - exponent
-    truncated = _ldexp(torch.trunc(_ldexp(x, shift)), -shift)
+    truncated = ldexp(torch.trunc(ldexp(x, shift)), -shift)
     if not bool(in_range.any()):
         return truncated
     sigma = torch.ldexp(torch.full_like(peak, 0.75), (exponent - beta + 53).clamp(_MIN_EXPONENT, _MAX_EXPONENT))
     return torch.where(in_range, (x + sigma) - sigma, truncated)
 
 
-def _ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+def ldexp(x: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     """``x * 2**exponent`` in two exact steps, so that neither power of two overflows (|exponent| < 2046)."""
     half = torch.div(exponent, 2, rounding_mode="floor")
     return torch.ldexp(torch.ldexp(x, half), exponent - half)

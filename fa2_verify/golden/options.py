@@ -51,8 +51,9 @@ class GoldenOptions:
 
     ``precision_bits``: mpmath working precision (at least 64; 113 is IEEE quad).
     ``method``: ``"auto"``, ``"mpmath"`` or ``"fast"`` (see the module docstring).
-    ``certify_rows``: how many query rows, and as many key rows, the fast path is
-    checked against mpmath on (at least 1).
+    ``certify_rows``: how many query rows, and as many key rows, drawn at random
+    (besides the boundary rows), the fast path is checked on against the
+    certification's reference rows (at least 1; :mod:`golden.certify`).
     ``cache_dir``: directory of the on-disk golden cache (:mod:`golden.cache`);
     ``None`` means the directory named by the environment variable
     ``FA2_VERIFY_GOLDEN_CACHE``, or no cache when it is unset or empty.
@@ -60,7 +61,7 @@ class GoldenOptions:
 
     precision_bits: int = 113
     method: str = "auto"
-    certify_rows: int = 4
+    certify_rows: int = 32
     cache_dir: pathlib.Path | None = None
 
     def __post_init__(self) -> None:
