@@ -85,30 +85,43 @@ def test_nearest_rank_quantiles():
     assert distribution.quantiles == {"p50": 500.0, "p90": 900.0, "p99": 990.0, "p99.9": 999.0, "max": 1000.0}
 
 
-def test_sorted_and_radix_selection_give_the_same_quantiles(monkeypatch):
-    """Small metrics are sorted, large ones radix-selected: both give the same order statistics."""
-    generator = torch.Generator().manual_seed(1)
-    values = torch.cat([torch.rand(3000, generator=generator, dtype=torch.float64) ** 7 * 1e3,
+@pytest.mark.parametrize("gather_max", [1, 40, 10**6])
+@pytest.mark.parametrize("size", [3037, 3038])
+def test_radix_selection_equals_sorting_with_ties(monkeypatch, size, gather_max):
+    """Radix selection gives the sorted values at every rank, ties, zeros, subnormals and infinities included,
+    for odd and even sizes, whether it gathers after the first digit, after more, or never (four digits)."""
+    monkeypatch.setattr(metrics, "GATHER_MAX_ELEMENTS", gather_max)
+    generator = torch.Generator().manual_seed(size)
+    values = torch.cat([torch.rand(size - 38, generator=generator, dtype=torch.float64) ** 7 * 1e3,
                         torch.zeros(30, dtype=torch.float64), torch.full((4,), INF, dtype=torch.float64),
                         torch.tensor([2.0**-1074, 2.0**-1074, 1.0, 1.0], dtype=torch.float64)])
     values = values[torch.randperm(len(values), generator=generator)]
-    chunks = lambda: ({"v": chunk} for chunk in values.split(700))
-    ranks = [metrics._rank(p, len(values)) for p in metrics.QUANTILES.values()] + [0, 29, 30, 31, 3032]
-    ordered = torch.sort(values).values
-    assert metrics.sorted_statistics(chunks, ranks) == metrics.order_statistics(chunks, ranks)
-    assert metrics.sorted_statistics(chunks, ranks)["v"] == [float(ordered[r]) for r in ranks]
-    sorted_distribution = Distribution.of(values, NORMALIZED_EDGES)
-    monkeypatch.setattr(metrics, "SORT_MAX_ELEMENTS", len(values) - 1)
-    assert Distribution.of(values, NORMALIZED_EDGES) == sorted_distribution
+    ties = torch.randint(0, 3, (size,), generator=generator, dtype=torch.float64) * 0.5
+    chunks = lambda: ({"v": chunk, "ties": tie} for chunk, tie in zip(values.split(700), ties.split(700)))
+    ranks = [metrics._rank(p, size) for p in metrics.QUANTILES.values()] + [0, 29, 30, 31, size - 6, size - 4]
+    selected = order_statistics(chunks, ranks)
+    for name, tensor in (("v", values), ("ties", ties)):
+        ordered = torch.sort(tensor).values
+        assert selected[name] == [float(ordered[r]) for r in ranks]
+        # the nearest-rank median, ceil(n / 2) - 1, is torch.quantile's "lower" one for odd and even n
+        assert selected[name][0] == float(torch.quantile(tensor, 0.5, interpolation="lower"))
 
 
-def test_summarize_sorts_a_small_output_without_the_radix_passes(monkeypatch):
-    """An output of at most ``SORT_MAX_ELEMENTS`` never pays the radix passes' fixed cost."""
-    values = torch.cat([torch.rand(3000, dtype=torch.float64) ** 9 * 1e4, torch.full((7,), INF, dtype=torch.float64)])
-    chunks = lambda: ({"v": chunk} for chunk in values.split(400))
-    monkeypatch.setattr(metrics, "order_statistics", lambda *args: pytest.fail("radix passes on a small output"))
-    quantiles = summarize(chunks, {"v": NORMALIZED_EDGES}, len(values))["v"].quantiles
-    assert quantiles["max"] == INF and quantiles["p50"] == float(values.sort().values[metrics._rank(0.5, len(values))])
+def test_compare_computes_each_chunks_metrics_once_for_the_quantiles(monkeypatch):
+    """One pass computes an output's metrics, histograms and the quantiles' first digit; the quantiles take at
+    most one more (none for an output of one chunk, whose metrics are kept), then the worst element's."""
+    calls = []
+    chunk = metrics._chunk
+    monkeypatch.setattr(metrics, "_chunk", lambda *args: calls.append(args[1].numel()) or chunk(*args))
+    generator = torch.Generator().manual_seed(3)
+    expected = torch.randn(5000, generator=generator, dtype=torch.float64)
+    actual, bound = expected.to(torch.float16), torch.full_like(expected, 2.0**-11)
+    whole = compare("out", actual, expected, bound, threshold=1.0)
+    assert calls == [5000, 1]
+    calls.clear()
+    monkeypatch.setattr(metrics, "CHUNK_ELEMENTS", 1024)
+    assert compare("out", actual, expected, bound, threshold=1.0) == whole
+    assert len(calls) == 2 * 5 + 1
 
 
 def test_quantiles_keep_an_infinite_maximum():

@@ -30,15 +30,17 @@ elements needs no full-size temporary and nothing but small summaries (counts,
 histograms of :data:`RADIX` bins, the worst element) travels to the host.
 The quantiles are exact all the same: :func:`order_statistics` finds each
 rank by radix selection on the float64 bit patterns (for non-negative
-floats, ordering the bit patterns as integers orders the values), one pass
-over the chunks per 16-bit digit (docs/reports-and-gate.md, "Scale").  A
-metric of at most :data:`SORT_MAX_ELEMENTS` elements is sorted instead
-(:func:`sorted_statistics`), which gives the same values.
+floats, ordering the bit patterns as integers orders the values): the first
+16-bit digit's histogram is counted in the pass that computes the metrics,
+and one more pass gathers the elements that share a rank's digit, at most
+:data:`GATHER_MAX_ELEMENTS` of them, to sort (docs/reports-and-gate.md,
+"Scale").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -73,14 +75,11 @@ CHUNK_ELEMENTS = 1 << 24
 DIGIT_BITS = 16
 RADIX = 1 << DIGIT_BITS
 
-#: Largest metric whose order statistics are taken by one sort
-#: (:func:`sorted_statistics`) instead of radix selection.  Radix selection
-#: builds and scans ``RADIX`` counts per rank in each of its four passes
-#: whatever the input's size: about 10 ms of CPU per metric of a few thousand
-#: elements on one thread (0.1 s on two), against 0.5 ms to sort it, and a
-#: checked case has twenty metrics (four per output).  At 2^20 elements the
-#: sort (0.13 s) and the radix passes (0.15 s) cost about the same.
-SORT_MAX_ELEMENTS = 1 << 20
+#: Most elements of one metric that radix selection gathers to sort: the
+#: elements whose high digits match a rank's prefix, once there are no more
+#: (:class:`_Selection`); else the next digit is histogrammed first.  Up to
+#: four metrics gather at once: 512 MiB at most.
+GATHER_MAX_ELEMENTS = CHUNK_ELEMENTS
 
 #: Axis names of each output, for tensor paths such as ``dq[b=1, i=7, h=3, c=12]``:
 #: b batch, i query position, j key position, h head (a kv head for dk/dv), c channel.
@@ -258,105 +257,176 @@ def _rank(probability: float, count: int) -> int:
     return min(count - 1, max(0, math.ceil(probability * count) - 1))
 
 
+class _Selection:
+    """Radix selection of one metric's values at given 0-based ranks in sorted order (:func:`order_statistics`).
+
+    A non-negative float64 orders like its bit pattern read as an int64, so
+    the ranks are found digit by digit (:data:`DIGIT_BITS` bits each, high to
+    low): a histogram pass counts the next digit of the elements whose higher
+    digits match a rank's prefix found so far, and fixes that digit of every
+    rank.  Once the elements under the ranks' prefixes number at most
+    :data:`GATHER_MAX_ELEMENTS`, one gather pass collects them and a sort of
+    those alone gives the values; after four histogram passes the prefixes
+    are the values.  Feed every chunk of a pass to :meth:`observe`, then call
+    :meth:`end_pass`, until :attr:`values` is set.
+    """
+
+    def __init__(self, ranks: Sequence[int]) -> None:
+        self.digits = 0
+        self.prefixes = [0] * len(ranks)
+        self.remaining = list(ranks)
+        #: the distinct prefixes of the ranks, ascending, with the elements under each
+        self.known = torch.zeros(1, dtype=torch.int64)
+        self.under = [0]
+        self.counts: torch.Tensor | None = None
+        self.gathered: list[torch.Tensor] = []
+        self.values: list[float] | None = None if ranks else []
+
+    def _gathering(self) -> bool:
+        return self.digits > 0 and sum(self.under) <= GATHER_MAX_ELEMENTS
+
+    def _slot(self, bits: torch.Tensor, shift: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each element's slot among the known prefixes, and whether its prefix (``bits >> shift``) is that one."""
+        known = self.known.to(bits.device)
+        high = bits >> shift
+        if self.digits == 1:
+            # one digit: a table over its RADIX values, cheaper than a search
+            table = torch.full((RADIX,), -1, dtype=torch.int64, device=bits.device)
+            table[known] = torch.arange(len(known), device=bits.device)
+            slot = table[high]
+            return slot.clamp(min=0), slot >= 0
+        slot = torch.searchsorted(known, high).clamp(max=len(known) - 1)
+        return slot, known[slot] == high
+
+    def observe(self, values: torch.Tensor) -> None:
+        """One chunk of the pass under way."""
+        if self.values is not None:
+            return
+        bits = values.view(torch.int64)
+        if self._gathering():
+            _, match = self._slot(bits, 64 - DIGIT_BITS * self.digits)
+            self.gathered.append(values[match])
+            return
+        shift = 64 - DIGIT_BITS * (self.digits + 1)
+        digits = (bits >> shift) & (RADIX - 1)
+        if self.digits == 0:
+            index = digits
+        else:
+            slot, match = self._slot(bits, shift + DIGIT_BITS)
+            index = (slot * RADIX + digits)[match]
+        counts = torch.bincount(index, minlength=len(self.under) * RADIX)
+        self.counts = counts if self.counts is None else self.counts + counts
+
+    def end_pass(self) -> None:
+        """Fix the next digit of every rank (after a histogram pass) or read the values (after a gather pass)."""
+        if self.values is not None:
+            return
+        if self._gathering():
+            ordered = torch.sort(torch.cat(self.gathered)).values
+            self.gathered = []
+            offsets = dict(zip(self.known.tolist(), itertools.accumulate([0, *self.under[:-1]])))
+            at = [offsets[prefix] + rest for prefix, rest in zip(self.prefixes, self.remaining)]
+            self.values = ordered[torch.tensor(at, dtype=torch.int64, device=ordered.device)].tolist()
+            return
+        assert self.counts is not None, "a histogram pass observes every chunk"
+        table = self.counts.reshape(len(self.under), RADIX).cumsum(1).cpu()
+        known = self.known.tolist()
+        under: dict[int, int] = {}
+        for position, prefix in enumerate(self.prefixes):
+            cumulative = table[known.index(prefix)]
+            digit = int(torch.searchsorted(cumulative, torch.tensor(self.remaining[position]), right=True))
+            below = int(cumulative[digit - 1]) if digit else 0
+            self.remaining[position] -= below
+            self.prefixes[position] = (prefix << DIGIT_BITS) | digit
+            under[self.prefixes[position]] = int(cumulative[digit]) - below
+        self.digits += 1
+        self.counts = None
+        self.known = torch.tensor(sorted(under), dtype=torch.int64)
+        self.under = [under[prefix] for prefix in sorted(under)]
+        if self.digits * DIGIT_BITS == 64:
+            self.values = torch.tensor(self.prefixes, dtype=torch.int64).view(torch.float64).tolist()
+
+
 def order_statistics(
     chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], ranks: Sequence[int]
 ) -> dict[str, list[float]]:
     """For each metric of ``chunks()``, its values at the 0-based ``ranks`` in sorted order.
 
     ``chunks()`` yields dicts of float64 tensors (same keys every time, every
-    value non-negative, ``+inf`` allowed) and is called once per pass.  Radix
-    selection: a non-negative float64 orders like its bit pattern read as an
-    int64, so each pass histograms the next :data:`DIGIT_BITS` bits of the
-    elements whose higher bits match a rank's prefix found so far, and four
-    passes fix all 64 bits.  Exact, on the chunks' device, with only the
-    histograms (``RADIX`` counts per distinct prefix) moved to the host.
+    value non-negative, ``+inf`` allowed) and is called once per pass:
+    radix selection (:class:`_Selection`), exact, on the chunks' device, with
+    only the histograms and the few elements near the ranks moved to the host.
     """
-    prefixes: dict[str, list[int]] = {}
-    remaining: dict[str, list[int]] = {}
-    for level in range(64 // DIGIT_BITS):
-        shift = 64 - DIGIT_BITS * (level + 1)
-        histograms: dict[str, torch.Tensor] = {}
-        candidates: dict[str, list[int]] = {}
+    selections: dict[str, _Selection] = {}
+    return _selected(chunks, selections, lambda: _Selection(ranks))
+
+
+def _selected(chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], selections: dict[str, _Selection],
+              new: Callable[[], _Selection]) -> dict[str, list[float]]:
+    """Passes over ``chunks()`` until every metric's selection (made by ``new`` where missing) has its values."""
+    while not selections or any(selection.values is None for selection in selections.values()):
         for chunk in chunks():
             for name, values in chunk.items():
-                prefixes.setdefault(name, [0] * len(ranks))
-                remaining.setdefault(name, list(ranks))
-                candidates.setdefault(name, sorted(set(prefixes[name])))
-                bits = values.view(torch.int64)
-                digits = (bits >> shift) & (RADIX - 1)
-                if level == 0:
-                    index = digits
-                else:
-                    known = torch.tensor(candidates[name], dtype=torch.int64, device=bits.device)
-                    high = bits >> (shift + DIGIT_BITS)
-                    slot = torch.searchsorted(known, high).clamp(max=len(known) - 1)
-                    index = (slot * RADIX + digits)[known[slot] == high]
-                counts = torch.bincount(index, minlength=len(candidates[name]) * RADIX)
-                histograms[name] = counts if name not in histograms else histograms[name] + counts
-        for name, counts in histograms.items():
-            table = counts.reshape(len(candidates[name]), RADIX).cumsum(1).cpu()
-            for position, prefix in enumerate(prefixes[name]):
-                cumulative = table[candidates[name].index(prefix)]
-                digit = int(torch.searchsorted(cumulative, torch.tensor(remaining[name][position]), right=True))
-                if digit:
-                    remaining[name][position] -= int(cumulative[digit - 1])
-                prefixes[name][position] = (prefix << DIGIT_BITS) | digit
-    return {
-        name: torch.tensor(bits, dtype=torch.int64).view(torch.float64).tolist() for name, bits in prefixes.items()
-    }
+                selections.setdefault(name, new()).observe(values)
+        if not selections:
+            return {}
+        for selection in selections.values():
+            selection.end_pass()
+    return {name: list(selection.values or []) for name, selection in selections.items()}
 
 
-def sorted_statistics(
-    chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], ranks: Sequence[int]
-) -> dict[str, list[float]]:
-    """:func:`order_statistics` by sorting each metric's values at once, for inputs that fit in memory twice.
+class Summaries:
+    """The :class:`Distribution` of each metric of an output, built chunk by chunk.
 
-    For non-negative float64 values (no NaN) the ascending sort orders them
-    as their bit patterns do, so the values at ``ranks`` are those radix
-    selection finds.
+    :meth:`add` each chunk once (its fixed-edge histograms and the first
+    digit of the quantiles' radix selection), then :meth:`distributions`,
+    which passes over the chunks again only as the selection needs (one
+    gather pass, mostly).
     """
-    parts: dict[str, list[torch.Tensor]] = {}
-    for chunk in chunks():
+
+    def __init__(self, edges: Mapping[str, Sequence[float]], count: int) -> None:
+        self.edges, self.count = edges, count
+        ranks = [_rank(p, count) for p in QUANTILES.values()]
+        self.selections = {name: _Selection(ranks) for name in edges}
+        self.histograms: dict[str, torch.Tensor] = {}
+
+    def add(self, chunk: Mapping[str, torch.Tensor]) -> None:
         for name, values in chunk.items():
-            parts.setdefault(name, []).append(values)
-    selected = {}
-    for name, pieces in parts.items():
-        ordered = torch.sort(torch.cat(pieces)).values
-        selected[name] = ordered[torch.tensor(ranks, dtype=torch.int64, device=ordered.device)].tolist()
-    return selected
+            inner = torch.tensor(self.edges[name][1:-1], dtype=torch.float64, device=values.device)
+            counts = torch.bincount(torch.bucketize(values, inner, right=True), minlength=len(self.edges[name]) - 1)
+            self.histograms[name] = counts if name not in self.histograms else self.histograms[name] + counts
+            self.selections[name].observe(values)
+
+    def distributions(self, chunks: Callable[[], Iterable[dict[str, torch.Tensor]]]) -> dict[str, Distribution]:
+        """The distributions, ``chunks()`` yielding the chunks :meth:`add` saw, in the same order."""
+        if self.count == 0:
+            return {
+                name: Distribution(count=0, quantiles={q: 0.0 for q in QUANTILES},
+                                   histogram=(list(e), [0] * (len(e) - 1)))
+                for name, e in self.edges.items()
+            }
+        for selection in self.selections.values():
+            selection.end_pass()
+        selected = _selected(chunks, self.selections, lambda: _Selection([]))
+        return {
+            name: Distribution(
+                count=self.count,
+                quantiles=dict(zip(QUANTILES, selected[name])),
+                histogram=(list(self.edges[name]), self.histograms[name].tolist()),
+            )
+            for name in self.edges
+        }
 
 
 def summarize(
     chunks: Callable[[], Iterable[dict[str, torch.Tensor]]], edges: Mapping[str, Sequence[float]], count: int
 ) -> dict[str, Distribution]:
-    """A :class:`Distribution` per metric of ``chunks()``, ``count`` values each.
-
-    Quantiles by :func:`sorted_statistics` up to :data:`SORT_MAX_ELEMENTS`
-    values, by :func:`order_statistics` above.
-    """
-    if count == 0:
-        return {
-            name: Distribution(count=0, quantiles={q: 0.0 for q in QUANTILES}, histogram=(list(e), [0] * (len(e) - 1)))
-            for name, e in edges.items()
-        }
-    histograms: dict[str, torch.Tensor] = {}
-    for chunk in chunks():
-        for name, values in chunk.items():
-            inner = torch.tensor(edges[name][1:-1], dtype=torch.float64, device=values.device)
-            counts = torch.bincount(torch.bucketize(values, inner, right=True), minlength=len(edges[name]) - 1)
-            histograms[name] = counts if name not in histograms else histograms[name] + counts
-    ranks = [_rank(p, count) for p in QUANTILES.values()]
-    select = sorted_statistics if count <= SORT_MAX_ELEMENTS else order_statistics
-    selected = select(chunks, ranks)
-    return {
-        name: Distribution(
-            count=count,
-            quantiles=dict(zip(QUANTILES, selected[name])),
-            histogram=(list(edges[name]), histograms[name].tolist()),
-        )
-        for name in edges
-    }
-
+    """A :class:`Distribution` per metric of ``chunks()``, ``count`` values each (:class:`Summaries`)."""
+    summaries = Summaries(edges, count)
+    if count:
+        for chunk in chunks():
+            summaries.add(chunk)
+    return summaries.distributions(chunks)
 
 
 def ulp(expected: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -422,14 +492,16 @@ def _max_abs_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return largest
 
 
-def flash_ratio(actual: torch.Tensor, expected: torch.Tensor, lowprec: torch.Tensor) -> float:
+def flash_ratio(actual: torch.Tensor, expected: torch.Tensor, lowprec: torch.Tensor, *,
+                largest_error: float | None = None) -> float:
     """``max|actual - expected| / max|lowprec - expected|`` (docs/error-model.md, "Flash-attn ratio").
 
     ``lowprec`` is the same attention computed naively in the case dtype
     (:mod:`verify.lowprec`).  Reported beside the normalized error, never
-    gating.  ``0/0 = 0`` and ``x/0 = inf``.
+    gating.  ``0/0 = 0`` and ``x/0 = inf``.  ``largest_error``, where the
+    caller has it (the ``abs_err`` maximum of :func:`compare`), is the numerator.
     """
-    numerator = _max_abs_error(actual, expected)
+    numerator = _max_abs_error(actual, expected) if largest_error is None else largest_error
     denominator = _max_abs_error(lowprec.to(actual.device), expected)
     if denominator == 0.0:
         return 0.0 if numerator == 0.0 else INF
@@ -510,6 +582,9 @@ def compare(
             span = slice(start, start + CHUNK_ELEMENTS)
             yield start, _chunk(output, flat_actual[span], flat_expected[span], flat_bound[span], dtype)
 
+    # one pass computes the metrics; an output of one chunk keeps them for the quantiles' second pass
+    summaries = Summaries(METRIC_EDGES, numel)
+    kept: list[dict[str, torch.Tensor]] = []
     mismatches = nonfinite = 0
     worst_at, worst_value = 0, -1.0
     for start, chunk in chunks():
@@ -519,7 +594,12 @@ def compare(
         position = int(torch.argmax(normalized))
         if float(normalized[position]) > worst_value:
             worst_at, worst_value = start + position, float(normalized[position])
-    distributions = summarize(lambda: (chunk.metrics for _, chunk in chunks()), METRIC_EDGES, numel)
+        summaries.add(chunk.metrics)
+        if numel <= CHUNK_ELEMENTS:
+            kept.append(chunk.metrics)
+    distributions = summaries.distributions(
+        (lambda: iter(kept)) if kept else (lambda: (chunk.metrics for _, chunk in chunks()))
+    )
     worst = None
     if numel:
         element = _chunk(
@@ -552,7 +632,9 @@ def compare(
         nonfinite=nonfinite,
         mismatches=mismatches,
         worst=worst,
-        flash_ratio=None if lowprec is None else flash_ratio(flat_actual, flat_expected, lowprec.detach()),
+        flash_ratio=None if lowprec is None else flash_ratio(
+            flat_actual, flat_expected, lowprec.detach(), largest_error=distributions["abs_err"].quantiles["max"]
+        ),
         passed=mismatches == 0,
     )
 
