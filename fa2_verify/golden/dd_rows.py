@@ -45,7 +45,8 @@ class Reference:
 def query_rows(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor | None, visible: torch.Tensor, scale: float
 ) -> Reference:
-    """``q``, ``dout`` (R, d); ``k``, ``v`` (n, d); ``visible`` (R, n), every row seeing at least one key."""
+    """``q``, ``dout`` (..., R, d); ``k``, ``v`` (..., n, d); ``visible`` (..., R, n), every row seeing at least one
+    key; leading dimensions a batch of kv heads."""
     scores, _ = _product(q, k.mT)
     peak = scores[0] if scale >= 0 else -scores[0]
     pivot = peak.masked_fill(~visible, -torch.inf).argmax(dim=-1, keepdim=True)
@@ -53,8 +54,8 @@ def query_rows(
     x = dd.scaled(dd.sub(scores, top), scale)
     e = _masked(dd.exp(_masked(x, visible)), visible)
     ell = dd.total(e)
-    lse = dd.add(dd.scaled((top[0][:, 0], top[1][:, 0]), scale), dd.log(ell))
-    p = dd.div(e, (ell[0][:, None], ell[1][:, None]))
+    lse = dd.add(dd.scaled((top[0][..., 0], top[1][..., 0]), scale), dd.log(ell))
+    p = dd.div(e, (ell[0][..., None], ell[1][..., None]))
     out, out_slack = _product(p, v)
     values = {"out": out, "lse": lse}
     magnitudes = {
@@ -68,7 +69,7 @@ def query_rows(
     anchor = (dp[0].gather(-1, pivot), dp[1].gather(-1, pivot))
     shifted = _masked(dd.sub(dp, anchor), visible)
     offset = dd.total(dd.mul(p, shifted))
-    ds = dd.mul(p, dd.sub(shifted, (offset[0][:, None], offset[1][:, None])))
+    ds = dd.mul(p, dd.sub(shifted, (offset[0][..., None], offset[1][..., None])))
     dq, dq_slack = _product(ds, k)
     out_value = dd.value(out)
     delta = dd.add(fixed.exact_dot(dout, out[0]), fixed.exact_dot(dout, out[1]))
@@ -86,7 +87,8 @@ def query_rows(
 class QueryHead:
     """One query head's share of a key row: the queries that may see the keys, ``(m, d)`` ``q`` and ``dout``, their
     served ``lse`` (a double-double), the served offsets ``D - dP_pivot`` with each query's ``pivot_v`` (the value
-    row of its pivot key, (m, d)), and ``visible`` (m, R): which of the keys each query sees."""
+    row of its pivot key, (m, d)), and ``visible`` (m, R): which of the keys each query sees; each may carry leading
+    batch dimensions."""
 
     q: torch.Tensor
     dout: torch.Tensor
@@ -97,18 +99,19 @@ class QueryHead:
 
 
 def key_rows(k: torch.Tensor, v: torch.Tensor, heads: list[QueryHead], scale: float) -> Reference:
-    """``dk``, ``dv`` of ``R`` keys of one kv head: ``k``, ``v`` (R, d), summed over ``heads``."""
+    """``dk``, ``dv`` of ``R`` keys of one kv head: ``k``, ``v`` (..., R, d), summed over ``heads`` (whose tensors
+    carry the same leading dimensions, a batch of kv heads)."""
     dk = dv = (torch.zeros_like(k), torch.zeros_like(k))
     dk_magnitude, dv_magnitude = torch.zeros_like(k), torch.zeros_like(k)
     dk_slack, dv_slack = torch.zeros_like(k), torch.zeros_like(k)
     for head in heads:
         scores, _ = _product(head.q, k.mT)  # (m, R)
-        lse = (head.lse[0][:, None], head.lse[1][:, None])
+        lse = (head.lse[0][..., None], head.lse[1][..., None])
         x = dd.sub(dd.scaled(scores, scale), lse)
         p = _masked(dd.exp(_masked(x, head.visible)), head.visible)
         dp, _ = _product(head.dout, v.mT)
         anchor = fixed.exact_dot(head.dout, head.pivot_v)
-        shifted = dd.sub(dd.sub(dp, (anchor[0][:, None], anchor[1][:, None])), dd.of(head.offset[:, None]))
+        shifted = dd.sub(dd.sub(dp, (anchor[0][..., None], anchor[1][..., None])), dd.of(head.offset[..., None]))
         ds = _masked(dd.mul(p, shifted), head.visible)
         p_t, ds_t = (p[0].mT, p[1].mT), (ds[0].mT, ds[1].mT)
         dv_part, dv_part_slack = _product(p_t, head.dout)
@@ -126,7 +129,7 @@ def key_rows(k: torch.Tensor, v: torch.Tensor, heads: list[QueryHead], scale: fl
 
 def _product(a: torch.Tensor | dd.DD, b: torch.Tensor) -> tuple[dd.DD, torch.Tensor]:
     """``a @ b`` (a: rows to contract along the last axis) by :func:`golden.fixed.matmul`."""
-    return fixed.matmul(fixed.fixed(a, axis=-1), fixed.fixed(b, axis=0))
+    return fixed.matmul(fixed.fixed(a, axis=-1), fixed.fixed(b, axis=-2))
 
 
 def _masked(x: dd.DD, visible: torch.Tensor) -> dd.DD:

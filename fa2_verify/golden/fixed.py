@@ -100,31 +100,34 @@ def _exact_count(x: torch.Tensor, exponent: torch.Tensor) -> tuple[int, bool]:
 
 
 def matmul(a: Fixed, b: Fixed) -> tuple[dd.DD, torch.Tensor]:
-    """``(a @ b as a double-double, slack)``: ``a`` (m, k) with exponents per row, ``b`` (k, n) per column.
+    """``(a @ b as a double-double, slack)``: ``a`` (..., m, k) with exponents per row, ``b`` (..., k, n) per column,
+    leading dimensions a batch of independent products.
 
-    ``slack`` (m, n) bounds ``|a_true @ b_true - a_limbs @ b_limbs|`` from the two remainders (module docstring).
+    ``slack`` (..., m, n) bounds ``|a_true @ b_true - a_limbs @ b_limbs|`` from the two remainders (module
+    docstring).
     """
     m, k = a.limbs.shape[-2:]
     n = b.limbs.shape[-1]
     chunk = min(k, CHUNK) or 1
     pad = -k % chunk
-    a_limbs = torch.nn.functional.pad(a.limbs, (0, pad)).reshape(len(a.limbs), m, -1, chunk).transpose(1, 2)
-    b_limbs = torch.nn.functional.pad(b.limbs, (0, 0, 0, pad)).reshape(len(b.limbs), -1, chunk, n)
-    chunks = a_limbs.shape[1]
-    total = (a.limbs.new_zeros((m, n)), a.limbs.new_zeros((m, n)))
+    a_limbs = torch.nn.functional.pad(a.limbs, (0, pad)).unflatten(-1, (-1, chunk)).movedim(-2, -3)
+    b_limbs = torch.nn.functional.pad(b.limbs, (0, 0, 0, pad)).unflatten(-2, (-1, chunk))
+    chunks = a_limbs.shape[-3]
+    shape = (*torch.broadcast_shapes(a.limbs.shape[1:-2], b.limbs.shape[1:-2]), m, n)
+    total = (a.limbs.new_zeros(shape), a.limbs.new_zeros(shape))
     for start in range(0, chunks, _CHUNKS_PER_GROUP):
         group = slice(start, start + _CHUNKS_PER_GROUP)
         shifts: dict[int, torch.Tensor] = {}
-        for i, a_limb in enumerate(a_limbs[:, group]):
-            for j, b_limb in enumerate(b_limbs[:, group]):
-                exact = torch.matmul(a_limb, b_limb).to(torch.int64).sum(0)  # every partial sum an integer < 2**53
+        for i, a_limb in enumerate(a_limbs[..., group, :, :]):
+            for j, b_limb in enumerate(b_limbs[..., group, :, :]):
+                exact = torch.matmul(a_limb, b_limb).to(torch.int64).sum(-3)  # every partial sum an integer < 2**53
                 shifts[i + j] = shifts[i + j] + exact if i + j in shifts else exact
         for shift, integers in shifts.items():
             hi = integers.to(torch.float64)
             lo = (integers - hi.to(torch.int64)).to(torch.float64)
             unit = 2.0 ** (-LIMB_BITS * (shift + 2))  # exact: integers below 2**63 times at least 2**-560
             total = dd.add(total, (hi * unit, lo * unit))
-    exponent = a.exponent + b.exponent  # (m, 1) + (1, n)
+    exponent = a.exponent + b.exponent  # (..., m, 1) + (..., 1, n)
     product = (ldexp(total[0], exponent), ldexp(total[1], exponent))
     slack = k * (a.peak * b.remainder + a.remainder * b.peak + a.remainder * b.remainder)
     return product, slack
