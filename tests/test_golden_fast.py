@@ -162,13 +162,88 @@ def test_certification_samples_boundary_rows(monkeypatch):
 
 
 def test_fast_blocks_skip_keys_the_mask_hides(monkeypatch):
-    """With row blocks of 16 rows, a causal block over rows 32..47 only touches keys 0..47."""
+    """With blocks of at most 1024 scores, a causal block over rows 32..50 only touches keys 0..50, and a
+    window block over rows 31..59 keys 28..61."""
     monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 16 * 64)
     problem = _problem(seqlen_q=64, seqlen_k=64)
     plan = fast.blocks(problem)
-    assert [(b.rows.start, b.rows.stop, b.keys.start, b.keys.stop, b.full) for b in plan][2] == (32, 48, 0, 48, False)
+    assert [(b.rows.start, b.rows.stop, b.keys.start, b.keys.stop, b.full) for b in plan][1] == (32, 51, 0, 51, False)
     window = inputs.prepare(*_case(seqlen_q=64, seqlen_k=64), softmax_scale=0.45, causal=False, window_size=(3, 2))
-    assert [(b.keys.start, b.keys.stop) for b in fast.blocks(window)][1] == (13, 34)
+    assert [(b.keys.start, b.keys.stop) for b in fast.blocks(window)][1] == (28, 62)
+
+
+def _mask_only(seqlen_q, seqlen_k, **mask):
+    """The inputs of a case whose values do not matter (one head, head_dim 1): its mask and its block plan."""
+    q, k = torch.zeros(1, seqlen_q, 1, 1, dtype=torch.float16), torch.zeros(1, seqlen_k, 1, 1, dtype=torch.float16)
+    return inputs.prepare(q, k, k, q, softmax_scale=1.0, **{"causal": False, "window_size": (-1, -1), **mask})
+
+
+PLANS = {
+    "causal": (300, 300, {"causal": True}),
+    "causal-sq>sk": (300, 120, {"causal": True}),
+    "causal-sq<sk": (120, 300, {"causal": True}),
+    "window": (300, 280, {"window_size": (40, 7)}),
+    "window-left-only": (250, 300, {"window_size": (60, -1)}),
+    "full": (300, 250, {}),
+}
+
+
+@pytest.mark.parametrize("budget", [1, 700, 4096, 30000])
+@pytest.mark.parametrize("name", list(PLANS))
+def test_block_plan_covers_every_visible_pair_once_within_the_budget(monkeypatch, name, budget):
+    """Every visible (row, key) pair lies in exactly one block, no row that sees nothing in any; a block holds at
+    most ``BLOCK_ELEMENTS`` scores (or is one row), and its keys outside its bands are seen by each of its rows."""
+    seqlen_q, seqlen_k, mask = PLANS[name]
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", budget)
+    problem = _mask_only(seqlen_q, seqlen_k, **mask)
+    visible = problem.visible(slice(0, seqlen_q), slice(0, seqlen_k)).numpy()
+    covered = np.zeros(visible.shape, dtype=int)
+    for block in fast.blocks(problem):
+        rows, keys = block.rows.stop - block.rows.start, block.keys.stop - block.keys.start
+        assert rows == 1 or rows * keys <= budget
+        covered[block.rows, block.keys] += 1
+        shared = np.ones(keys, dtype=bool)
+        for band in block.bands:
+            shared[band] = False
+        assert visible[block.rows, block.keys][:, shared].all()
+    assert (covered[visible] == 1).all()
+    assert (covered[~visible.any(axis=1)] == 0).all()
+
+
+def test_long_masked_plans_size_their_blocks_by_the_keys_they_see(monkeypatch):
+    """At 131,072 tokens with CUDA's budget and overhead: a causal head in 259 blocks (5,792 rows in the first,
+    256 in the last full ones) and a 512-key window in 46, where 256 rows per block made 512 of each."""
+    for name in ("BLOCK_ELEMENTS", "BLOCK_OVERHEAD_ELEMENTS"):
+        monkeypatch.setitem(getattr(fast, name), "cpu", getattr(fast, name)["cuda"])
+    plan = fast.blocks(_mask_only(131072, 131072, causal=True))
+    assert len(plan) == 259
+    assert (plan[0].rows, plan[-2].rows.stop - plan[-2].rows.start) == (slice(0, 5792), 256)
+    assert len(fast.blocks(_mask_only(131072, 131072, window_size=(512, 0)))) == 46
+
+
+BANDED = {
+    "causal-sq>sk": ({"seqlen_q": 9, "seqlen_k": 6}, {"causal": True}),
+    "causal-sq<sk": ({"seqlen_q": 7, "seqlen_k": 9}, {"causal": True}),
+    "window-two-bands": ({"seqlen_q": 9, "seqlen_k": 9}, {"window_size": (2, 1)}),
+    "window-left-only": ({"seqlen_q": 9, "seqlen_k": 7}, {"window_size": (1, -1)}),
+    "causal-scale-0": ({"seqlen_q": 9, "seqlen_k": 9}, {"causal": True, "softmax_scale": 0.0}),
+}
+
+
+@pytest.mark.parametrize("name", list(BANDED))
+def test_tiny_blocks_masked_on_their_bands_match_mpmath(monkeypatch, name):
+    """Blocks of 8 to 12 scores, most masked on one or two partial column bands (a scale of 0 included, where
+    a hidden score times the scale would be NaN), give mpmath's outputs."""
+    shape, call = BANDED[name]
+    call = {"softmax_scale": 0.45, **call}
+    q, k, v, dout = _case(heads_q=2, heads_kv=1, **shape)
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 12)
+    plan = fast.blocks(inputs.prepare(q, k, v, dout, **{"window_size": (-1, -1), "causal": False, **call}))
+    assert len(plan) >= 3 and any(not b.full for b in plan)
+    assert "two-bands" not in name or any(len(b.bands) == 2 for b in plan)
+    expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
+    actual = golden.compute(q, k, v, dout, **call, options=FAST)
+    _assert_close_to_mpmath(expected, actual, 2.0**-46)
 
 
 def _problem(**shape):

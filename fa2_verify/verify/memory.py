@@ -27,7 +27,7 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   Algorithm 2 line 15); on the host, the bit copies of every tensor a call
   must leave unchanged (:mod:`verify.kernel_call`);
 * *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
-  two layouts, one row block of about ``BLOCK_ELEMENTS[device]`` scores (at
+  two layouts, one row block of at most ``BLOCK_ELEMENTS[device]`` scores (at
   least one row; the mask is kept as key ranges), or for short sequences one
   chunk of (batch, kv head) pairs of as many elements (:func:`golden.fast.pairs_per_chunk`); on the host, the outputs'
   copy for the golden cache and, where mpmath may serve the case, its mpf
@@ -191,8 +191,10 @@ def estimate(
     pair_elements = spec.seqlen_q * max(spec.seqlen_k, spec.head_dim)
     golden_pairs = min(spec.batch * spec.heads_kv, pairs_per_chunk(spec.seqlen_q, spec.seqlen_k, spec.head_dim, device))
     golden_budget = BLOCK_ELEMENTS[torch.device(device).type]
-    # a chunk of pairs holds at most the budget; a pair larger than it is split into row blocks
-    golden_chunk = max(_block(golden_budget, spec), min(golden_pairs * pair_elements, golden_budget))
+    # a chunk of pairs holds at most the budget; a pair larger than it is split into row blocks of at most the
+    # budget's scores (golden.fast.blocks: rows x the keys they see), or one row
+    golden_rows_block = min(spec.seqlen_q * spec.seqlen_k, max(golden_budget, spec.seqlen_k))
+    golden_chunk = max(golden_rows_block, min(golden_pairs * pair_elements, golden_budget))
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * golden_chunk
     golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
     # contract <-> head-major layouts (golden.inputs, golden.api): each input is converted on its own (its
