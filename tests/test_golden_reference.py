@@ -141,3 +141,23 @@ def test_query_rows_of_a_row_that_sees_one_key():
     assert torch.equal(dd.value(reference.values["out"]), v[:1])
     assert float(dd.value(reference.values["lse"])[0]) == 0.0
     assert torch.equal(dd.value(reference.values["dq"]), torch.zeros(1, 2, dtype=torch.float64))
+
+
+def test_kv_heads_stacked_into_one_batch_give_the_bounds_of_one_batch_each(monkeypatch):
+    """On CUDA the rows of several kv heads are evaluated at once over the union of their keys: the masked
+    extra keys add exact zeros, so the certification's bounds are those of one batch per kv head."""
+    q, k, v, dout = _case(heads_q=8, heads_kv=4)
+    problem = inputs.prepare(q, k, v, dout, softmax_scale=0.3, causal=True, window_size=(-1, -1))
+    served = fast.attention(problem)
+    separate = certify.certify(problem, served, rows=12, precision_bits=113, seed=5)
+    original = certify._batches
+    counts = []
+
+    def stacked(*args, **kwargs):
+        batches = list(original(*args[:3], torch.device("cuda"), *args[4:], **kwargs))
+        counts.append(len(batches))
+        return batches
+
+    monkeypatch.setattr(certify, "_batches", stacked)
+    assert certify.certify(problem, served, rows=12, precision_bits=113, seed=5) == pytest.approx(separate, rel=1e-9)
+    assert counts == [1, 1]

@@ -122,8 +122,8 @@ def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_
     lse_dd = _Bound()
     query_cost = lambda i: len(problem.keys_of(i))
     query_picks = sample(problem.batch, problem.heads_q, problem.seen_queries(), rows, rng, query_cost)
-    for b, g, picks in _batches(query_picks, problem.group, query_cost):
-        reference, served, served_lse = _query_batch(problem, fast, b, g, picks)
+    for batch in _batches(query_picks, problem.group, problem.keys_of, problem.device):
+        reference, served, served_lse = _query_batch(problem, fast, batch)
         for name, bound in bounds.items():
             if name in reference.values:
                 bound.add(served[name], reference.values[name], reference.magnitudes[name], reference.slack[name])
@@ -132,8 +132,8 @@ def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_
     if backward:
         key_cost = lambda j: problem.group * len(problem.queries_of(j))
         key_picks = sample(problem.batch, problem.heads_kv, problem.seen_keys(), rows, rng, key_cost)
-        for b, g, picks in _batches(key_picks, 1, key_cost):
-            reference, served = _key_batch(problem, fast, b, g, [j for _, j in picks])
+        for batch in _batches(key_picks, 1, problem.queries_of, problem.device, problem.group):
+            reference, served = _key_batch(problem, fast, batch)
             for name in _KEY_NAMES:
                 bounds[name].add(served[name], reference.values[name], reference.magnitudes[name], reference.slack[name])
     _check_reference(problem, fast, query_picks, key_picks, precision_bits, rng)
@@ -142,74 +142,119 @@ def certify(problem: HeadMajorInputs, fast: FastResult, *, rows: int, precision_
     return {name: value + REFERENCE_LIMIT for name, value in observed.items() if name not in ("delta", "offset")}
 
 
-def _batches(picks: list[tuple], group: int, cost: Callable[[int], int]) -> Iterator[tuple[int, int, list]]:
-    """``(b, kv head, [(head, row), ...])`` batches of the picks that share a kv head, in row order, each within
-    :data:`BATCH_TERMS` (rows times the widest row's terms) or a single row."""
+@dataclasses.dataclass(frozen=True)
+class _Batch:
+    """Sampled rows evaluated at once: per kv head ``(b[u], g[u])``, the rows ``rows[u]`` (of query heads
+    ``heads[u]``; key rows have none), padded to a common count by repeating the last; ``terms`` the span of
+    terms (keys, or queries) every row of the batch is evaluated over."""
+
+    b: torch.Tensor
+    g: torch.Tensor
+    heads: torch.Tensor
+    rows: torch.Tensor
+    terms: torch.Tensor
+
+
+def _batches(
+    picks: list[tuple], group: int, terms_of: Callable[[int], range], device: torch.device, heads_per_term: int = 1
+) -> Iterator[_Batch]:
+    """Batches of ``picks`` ``(b, head, row)``: the rows of one kv head (``head // group``) in row order, each
+    batch within :data:`BATCH_TERMS` (kv heads x rows x the union of their terms x ``heads_per_term``) or a
+    single row.  On CUDA the kv heads are stacked into as few batches as fit: the device pays per launch, so
+    evaluating rows over the union of their terms costs less than a launch sequence per kv head; on the CPU,
+    which pays per element, each kv head is a batch of its own."""
     by_head: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for b, head, row in picks:
         by_head.setdefault((b, head // group), []).append((head, row))
+    units: list[tuple[int, int, list[tuple[int, int]]]] = []
     for (b, g), members in sorted(by_head.items()):
         members.sort(key=lambda member: member[1])
-        batch: list[tuple[int, int]] = []
+        units.append((b, g, []))
         for member in members:
-            if batch and (len(batch) + 1) * max(cost(row) for _, row in batch + [member]) > BATCH_TERMS:
-                yield b, g, batch
-                batch = []
-            batch.append(member)
-        yield b, g, batch
+            if units[-1][2] and _cost([units[-1][2] + [member]], terms_of, heads_per_term) > BATCH_TERMS:
+                units.append((b, g, []))
+            units[-1][2].append(member)
+    batch: list[tuple[int, int, list[tuple[int, int]]]] = []
+    for unit in units:
+        if batch and device.type == "cpu":
+            yield _stack(batch, terms_of)
+            batch = []
+        if batch and _cost([u[2] for u in batch + [unit]], terms_of, heads_per_term) > BATCH_TERMS:
+            yield _stack(batch, terms_of)
+            batch = []
+        batch.append(unit)
+    if batch:
+        yield _stack(batch, terms_of)
 
 
-def _query_batch(problem: HeadMajorInputs, fast: FastResult, b: int, g: int, picks: list[tuple[int, int]]):
-    """The reference of query rows ``picks`` (head, row) of kv head ``g`` of batch ``b``, the served values, and
-    the served LSE as a double-double."""
-    heads = torch.tensor([h for h, _ in picks], device=problem.device)
-    rows = torch.tensor([i for _, i in picks], device=problem.device)
-    keys = slice(min(int(problem.first[i]) for _, i in picks), max(int(problem.last[i]) for _, i in picks) + 1)
-    visible = _visible(problem, rows, keys)
-    dout = problem.dout[b][heads, rows] if problem.dout is not None else None
-    reference = dd_rows.query_rows(
-        problem.q[b][heads, rows], problem.k[b, g, keys], problem.v[b, g, keys], dout, visible, problem.scale
+def _span(members: list[list[tuple[int, int]]], terms_of: Callable[[int], range]) -> range:
+    spans = [terms_of(row) for rows in members for _, row in rows]
+    return range(min(span.start for span in spans), max(span.stop for span in spans))
+
+
+def _cost(members: list[list[tuple[int, int]]], terms_of: Callable[[int], range], heads_per_term: int) -> int:
+    return len(members) * max(len(rows) for rows in members) * len(_span(members, terms_of)) * heads_per_term
+
+
+def _stack(batch: list[tuple[int, int, list[tuple[int, int]]]], terms_of: Callable[[int], range]) -> _Batch:
+    width = max(len(rows) for *_, rows in batch)
+    padded = [rows + rows[-1:] * (width - len(rows)) for *_, rows in batch]
+    span = _span(padded, terms_of)
+    tensor = lambda values: torch.tensor(values, dtype=torch.int64)
+    return _Batch(
+        b=tensor([b for b, *_ in batch]), g=tensor([g for _, g, _ in batch]),
+        heads=tensor([[h for h, _ in rows] for rows in padded]), rows=tensor([[i for _, i in rows] for rows in padded]),
+        terms=torch.arange(span.start, span.stop),
     )
-    served = {name: getattr(fast, name)[b][heads, rows] for name in _QUERY_NAMES if name in reference.values}
-    return reference, served, (fast.lse_dd[0][b][heads, rows], fast.lse_dd[1][b][heads, rows])
 
 
-def _key_batch(problem: HeadMajorInputs, fast: FastResult, b: int, g: int, keys: list[int]):
-    """The reference of key rows ``keys`` of kv head ``g`` of batch ``b``, and the served values."""
-    index = torch.tensor(keys, device=problem.device)
-    queries = slice(problem.queries_of(min(keys)).start, problem.queries_of(max(keys)).stop)
-    heads = [
-        _query_head(problem, fast, b, h, index, torch.arange(queries.start, queries.stop, device=problem.device))
-        for h in range(g * problem.group, (g + 1) * problem.group)
-    ]
-    reference = dd_rows.key_rows(problem.k[b, g][index], problem.v[b, g][index], heads, problem.scale)
-    served = {name: getattr(fast, name)[b, g][index] for name in _KEY_NAMES}
+def _query_batch(problem: HeadMajorInputs, fast: FastResult, batch: _Batch):
+    """The reference of a batch of query rows, the served values, and the served LSE as a double-double."""
+    device = problem.device
+    b, g = batch.b.to(device)[:, None], batch.g.to(device)[:, None]
+    heads, rows, keys = batch.heads.to(device), batch.rows.to(device), batch.terms.to(device)
+    first, last = _ranges(problem)
+    visible = (keys >= first[rows][..., None]) & (keys <= last[rows][..., None])
+    dout = problem.dout[b, heads, rows] if problem.dout is not None else None
+    reference = dd_rows.query_rows(
+        problem.q[b, heads, rows], problem.k[b, g, keys], problem.v[b, g, keys], dout, visible, problem.scale
+    )
+    served = {name: getattr(fast, name)[b, heads, rows] for name in _QUERY_NAMES if name in reference.values}
+    return reference, served, (fast.lse_dd[0][b, heads, rows], fast.lse_dd[1][b, heads, rows])
+
+
+def _key_batch(problem: HeadMajorInputs, fast: FastResult, batch: _Batch):
+    """The reference of a batch of key rows, and the served values."""
+    device = problem.device
+    b, g, keys = batch.b.to(device)[:, None], batch.g.to(device)[:, None], batch.rows.to(device)
+    queries = batch.terms.to(device)[None, :]
+    heads = [_query_head(problem, fast, b, g * problem.group + member, keys, queries) for member in range(problem.group)]
+    reference = dd_rows.key_rows(problem.k[b, g, keys], problem.v[b, g, keys], heads, problem.scale)
+    served = {name: getattr(fast, name)[b, g, keys] for name in _KEY_NAMES}
     return reference, served
 
 
 def _query_head(
-    problem: HeadMajorInputs, fast: FastResult, b: int, h: int, keys: torch.Tensor, queries: torch.Tensor
+    problem: HeadMajorInputs, fast: FastResult, b: torch.Tensor, h: torch.Tensor, keys: torch.Tensor,
+    queries: torch.Tensor,
 ) -> dd_rows.QueryHead:
-    """Query head ``h``'s share of the key rows ``keys``: the queries ``queries`` (an index tensor)."""
+    """Query heads ``h`` (G, 1) of batches ``b`` (G, 1): their share of the key rows ``keys`` (G, R), over the
+    queries ``queries`` (G or 1, m)."""
     assert problem.dout is not None and fast.offset is not None  # key rows exist only with a backward
-    first = torch.from_numpy(problem.first).to(problem.device)[queries]
-    last = torch.from_numpy(problem.last).to(problem.device)[queries]
+    first, last = _ranges(problem)
     return dd_rows.QueryHead(
-        q=problem.q[b, h][queries],
-        dout=problem.dout[b, h][queries],
-        lse=(fast.lse_dd[0][b, h][queries], fast.lse_dd[1][b, h][queries]),
-        offset=fast.offset[b, h][queries],
-        pivot_v=problem.v[b, h // problem.group][fast.pivot[b, h][queries]],
-        visible=(keys >= first[:, None]) & (keys <= last[:, None]),
+        q=problem.q[b, h, queries],
+        dout=problem.dout[b, h, queries],
+        lse=(fast.lse_dd[0][b, h, queries], fast.lse_dd[1][b, h, queries]),
+        offset=fast.offset[b, h, queries],
+        pivot_v=problem.v[b, h // problem.group, fast.pivot[b, h, queries]],
+        visible=(keys[:, None, :] >= first[queries][..., None]) & (keys[:, None, :] <= last[queries][..., None]),
     )
 
 
-def _visible(problem: HeadMajorInputs, rows: torch.Tensor, keys: slice) -> torch.Tensor:
-    """(R, n) bool: which keys of ``keys`` each query of ``rows`` sees."""
-    first = torch.from_numpy(problem.first).to(problem.device)[rows]
-    last = torch.from_numpy(problem.last).to(problem.device)[rows]
-    j = torch.arange(keys.start, keys.stop, device=problem.device)
-    return (j >= first[:, None]) & (j <= last[:, None])
+def _ranges(problem: HeadMajorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's first and last visible key, on the problem's device."""
+    return torch.from_numpy(problem.first).to(problem.device), torch.from_numpy(problem.last).to(problem.device)
 
 
 def _check_reference(
@@ -243,7 +288,8 @@ def _check_reference(
         for h in range(g * problem.group, (g + 1) * problem.group):
             chosen = _subset(np.arange(span.start, span.stop), None, max(MPMATH_TERMS // problem.group, 1), rng)
             queries = torch.from_numpy(chosen).to(problem.device)
-            heads.append(_query_head(problem, fast, b, h, key, queries))
+            heads.append(_query_head(problem, fast, torch.tensor([[b]], device=problem.device),
+                                     torch.tensor([[h]], device=problem.device), key[None], queries[None]))
             first_pivot = sum(len(rows) for rows in value_rows)
             value_rows.append(problem.v[b, g][fast.pivot[b, h][queries]])
             lse_hi, lse_lo = (x[b, h][queries].cpu().numpy() for x in fast.lse_dd)
@@ -254,7 +300,7 @@ def _check_reference(
                 np.arange(first_pivot, first_pivot + len(chosen)),
                 [mp_rows.mpf(x) for x in fast.offset[b, h][queries].cpu().numpy()],
             ))
-        reference = dd_rows.key_rows(problem.k[b, g][key], problem.v[b, g][key], heads, problem.scale)
+        reference = dd_rows.key_rows(problem.k[b, g][key][None], problem.v[b, g][key][None], heads, problem.scale)
         expected = mp_rows.key_row(
             problem.k[b, g, j].cpu().numpy(), mp_rows.exact(torch.cat(value_rows)), 0, mp_heads, problem.scale,
             precision_bits,
