@@ -1,7 +1,8 @@
 """Benchmark: the certified fast golden, against plain mpmath and against an older golden, forward and backward.
 
-    python benchmarks/bench_golden.py [--device cpu|cuda] [--batch 1] [--heads 1] [--seqlen 2048]
-        [--head-dim 128] [--causal] [--dtype float16] [--mp-seqlen 64] [--old-root PATH] [--old-seqlen N]
+    python benchmarks/bench_golden.py [--device cpu|cuda] [--batch 1] [--heads 1] [--heads-kv H] [--seqlen 2048]
+        [--head-dim 128] [--causal] [--dtype float16] [--mp-seqlen 64] [--old-root PATH] [--old-device cpu|cuda]
+        [--old-seqlen N] [--old-heads N]
 
 Every side runs in the same invocation, so they share the machine's load:
 
@@ -13,11 +14,11 @@ Every side runs in the same invocation, so they share the machine's load:
 * plain mpmath (``method="mpmath"``) at ``--mp-seqlen``, scaled to
   ``--seqlen`` by the work ``batch * heads * seqlen_q * seqlen_k * head_dim``
   (skipped with ``--mp-seqlen 0``);
-* with ``--old-root``, the golden of another checkout (e.g. the float64
-  numpy one this torch path replaced), in a subprocess on the CPU, on the
+* with ``--old-root``, the golden of another checkout (e.g. the one before
+  a change), in a subprocess on ``--old-device`` (default the CPU), on the
   same inputs at ``--old-seqlen`` (default ``--seqlen``) and ``--old-heads``
   (default ``--heads``), scaled to the case by the same work ratio when
-  smaller (the table says so).
+  smaller (the table says so); the median of ``--repeats`` runs there too.
 
 Every side takes its CPU threads from the environment (``OMP_NUM_THREADS``
 for torch, ``OPENBLAS_NUM_THREADS`` for numpy; the subprocess inherits
@@ -50,23 +51,32 @@ import json, sys, time
 import torch
 sys.path.insert(0, sys.argv[1])
 from fa2_verify import golden
-spec = json.loads(sys.argv[2])
+spec, device = json.loads(sys.argv[2]), sys.argv[3]
 generator = torch.Generator().manual_seed(spec["seed"])
-shapes = [(spec["batch"], spec["seqlen"], spec["heads"], spec["head_dim"])] * 4
-q, k, v, dout = [torch.randn(*s, generator=generator, dtype=torch.float64).to(getattr(torch, spec["dtype"])) for s in shapes]
+q_shape = (spec["batch"], spec["seqlen"], spec["heads"], spec["head_dim"])
+kv_shape = (spec["batch"], spec["seqlen"], spec["heads_kv"], spec["head_dim"])
+q, k, v, dout = [torch.randn(*s, generator=generator, dtype=torch.float64).to(getattr(torch, spec["dtype"])).to(device)
+                 for s in (q_shape, kv_shape, kv_shape, q_shape)]
 options = golden.GoldenOptions(method="fast")
-start = time.perf_counter()
-golden.compute(q, k, v, dout, softmax_scale=spec["head_dim"] ** -0.5, causal=spec["causal"], options=options)
-print(json.dumps({"wall": time.perf_counter() - start, "module": golden.compute.__module__}))
+walls = []
+for _ in range(spec["repeats"]):
+    start = time.perf_counter()
+    golden.compute(q, k, v, dout, softmax_scale=spec["head_dim"] ** -0.5, causal=spec["causal"], options=options)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    walls.append(time.perf_counter() - start)
+print(json.dumps({"walls": walls, "module": golden.compute.__module__}))
 """
 
 
 def _inputs(spec: dict, device: str) -> list[torch.Tensor]:
     """Normal inputs drawn on the CPU (the same for every side), then moved to ``device``."""
     generator = torch.Generator().manual_seed(spec["seed"])
-    shape = (spec["batch"], spec["seqlen"], spec["heads"], spec["head_dim"])
+    q_shape = (spec["batch"], spec["seqlen"], spec["heads"], spec["head_dim"])
+    kv_shape = (spec["batch"], spec["seqlen"], spec["heads_kv"], spec["head_dim"])
     dtype = getattr(torch, spec["dtype"])
-    return [torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype).to(device) for _ in range(4)]
+    return [torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype).to(device)
+            for shape in (q_shape, kv_shape, kv_shape, q_shape)]
 
 
 def _sync(device: str) -> None:
@@ -99,17 +109,17 @@ def _phases(spec: dict, device: str) -> dict[str, float]:
     return {"float64 pass": middle - start, "certification": time.perf_counter() - middle}
 
 
-def _old(spec: dict, root: str) -> dict:
+def _old(spec: dict, root: str, device: str) -> dict:
     env = {**os.environ, "PYTHONPATH": root}
     done = subprocess.run(
-        [sys.executable, "-c", _OLD_GOLDEN, os.path.abspath(root), json.dumps(spec)],
+        [sys.executable, "-c", _OLD_GOLDEN, os.path.abspath(root), json.dumps(spec), device],
         env=env, capture_output=True, text=True, check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _work(spec: dict) -> float:
-    return spec["batch"] * spec["heads"] * spec["seqlen"] ** 2 * spec["head_dim"]
+    return spec["batch"] * spec["heads"] * spec["seqlen"] ** 2 * spec["head_dim"] // (2 if spec["causal"] else 1)
 
 
 def _cpu_model() -> str:
@@ -128,19 +138,22 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=1)
+    parser.add_argument("--heads-kv", type=int, help="kv heads (default --heads; fewer for GQA)")
     parser.add_argument("--seqlen", type=int, default=2048)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="fast-path runs; the median is reported")
     parser.add_argument("--mp-seqlen", type=int, default=64, help="plain mpmath's seqlen (0: skip)")
-    parser.add_argument("--old-root", help="a checkout whose golden is timed beside this one, on the CPU")
+    parser.add_argument("--old-root", help="a checkout whose golden is timed beside this one")
+    parser.add_argument("--old-device", default="cpu", choices=["cpu", "cuda"], help="where the old golden runs")
     parser.add_argument("--old-seqlen", type=int, help="the old golden's seqlen (default --seqlen), scaled by work")
     parser.add_argument("--old-heads", type=int, help="the old golden's heads (default --heads), scaled by work")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     spec = {
-        "batch": args.batch, "heads": args.heads, "seqlen": args.seqlen, "head_dim": args.head_dim,
+        "batch": args.batch, "heads": args.heads, "heads_kv": args.heads_kv or args.heads, "seqlen": args.seqlen,
+        "head_dim": args.head_dim, "repeats": args.repeats,
         "dtype": args.dtype, "causal": args.causal, "seed": args.seed,
     }
 
@@ -149,12 +162,16 @@ def main() -> None:
     phases = _phases(spec, args.device)
     rows = []
     if args.old_root:
-        old_spec = {**spec, "seqlen": args.old_seqlen or args.seqlen, "heads": args.old_heads or args.heads}
-        old = _old(old_spec, args.old_root)
+        old_heads = args.old_heads or args.heads
+        old_spec = {**spec, "seqlen": args.old_seqlen or args.seqlen, "heads": old_heads,
+                    "heads_kv": old_heads * spec["heads_kv"] // spec["heads"]}
+        old = _old(old_spec, args.old_root, args.old_device)
+        old_wall = statistics.median(old["walls"])
         factor = _work(spec) / _work(old_spec)
-        label = f"{old['module']} at {args.old_root}, CPU"
-        scaled = f"{old['wall'] * factor:.1f}" + (f" (measured at heads {old_spec['heads']}, seqlen {old_spec['seqlen']}: {old['wall']:.2f} s, x{factor:.0f})" if factor != 1 else "")
-        rows.append((label, scaled, old["wall"] * factor))
+        label = (f"{old['module']} at {args.old_root}, {args.old_device} (median of {len(old['walls'])}: "
+                 + ", ".join(f"{wall:.2f}" for wall in old["walls"]) + ")")
+        scaled = f"{old_wall * factor:.2f}" + (f" (measured at heads {old_spec['heads']}, seqlen {old_spec['seqlen']}: {old_wall:.2f} s, x{factor:.0f})" if factor != 1 else "")
+        rows.append((label, scaled, old_wall * factor))
     if args.mp_seqlen:
         mp_spec = {**spec, "seqlen": args.mp_seqlen}
         mp_wall, _ = _compute(mp_spec, "cpu", "mpmath")
@@ -174,7 +191,7 @@ def main() -> None:
         f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}"
     )
     print(
-        f"case: batch {args.batch}, heads {args.heads}, seqlen {args.seqlen}, head_dim {args.head_dim}, {args.dtype}, "
+        f"case: batch {args.batch}, heads {args.heads}/{spec['heads_kv']}, seqlen {args.seqlen}, head_dim {args.head_dim}, {args.dtype}, "
         f"mask {'causal' if args.causal else 'none'}, forward + backward, 113 bits"
     )
     print()

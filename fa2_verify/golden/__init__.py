@@ -1,5 +1,9 @@
 """mpmath high-precision golden attention (forward and backward), its certified fast path and cache.
 
+The fast path (:mod:`golden.fast`, on :mod:`golden.eft`) is certified on sampled rows
+(:mod:`golden.certify`) against double-double reference rows (:mod:`golden.dd_rows`, on
+:mod:`golden.dd` and :mod:`golden.fixed`), which are checked against mpmath rows (:mod:`golden.rows`).
+
 Public API: :class:`GoldenOptions`, :func:`compute`, :class:`GoldenResult`
 (:mod:`golden.api`, :mod:`golden.options`).  Importing the package is cheap:
 they load on first use, so e.g. :mod:`golden.cache` can be used without torch.
