@@ -2,7 +2,7 @@
 
     python benchmarks/bench_golden.py [--device cpu|cuda] [--batch 1] [--heads 1] [--heads-kv H] [--seqlen 2048]
         [--head-dim 128] [--causal] [--dtype float16] [--mp-seqlen 64] [--old-root PATH] [--old-device cpu|cuda]
-        [--old-seqlen N] [--old-heads N]
+        [--old-seqlen N] [--old-heads N] [--old-repeats N]
 
 Every side runs in the same invocation, so they share the machine's load:
 
@@ -18,7 +18,8 @@ Every side runs in the same invocation, so they share the machine's load:
   a change), in a subprocess on ``--old-device`` (default the CPU), on the
   same inputs at ``--old-seqlen`` (default ``--seqlen``) and ``--old-heads``
   (default ``--heads``), scaled to the case by the same work ratio when
-  smaller (the table says so); the median of ``--repeats`` runs there too.
+  smaller (the table says so); the median of ``--old-repeats`` runs there
+  (default ``--repeats``).
 
 Every side takes its CPU threads from the environment (``OMP_NUM_THREADS``
 for torch, ``OPENBLAS_NUM_THREADS`` for numpy; the subprocess inherits
@@ -147,6 +148,7 @@ def main() -> None:
     parser.add_argument("--mp-seqlen", type=int, default=64, help="plain mpmath's seqlen (0: skip)")
     parser.add_argument("--old-root", help="a checkout whose golden is timed beside this one")
     parser.add_argument("--old-device", default="cpu", choices=["cpu", "cuda"], help="where the old golden runs")
+    parser.add_argument("--old-repeats", type=int, help="old golden runs (default --repeats); the median is reported")
     parser.add_argument("--old-seqlen", type=int, help="the old golden's seqlen (default --seqlen), scaled by work")
     parser.add_argument("--old-heads", type=int, help="the old golden's heads (default --heads), scaled by work")
     parser.add_argument("--seed", type=int, default=0)
@@ -164,7 +166,7 @@ def main() -> None:
     if args.old_root:
         old_heads = args.old_heads or args.heads
         old_spec = {**spec, "seqlen": args.old_seqlen or args.seqlen, "heads": old_heads,
-                    "heads_kv": old_heads * spec["heads_kv"] // spec["heads"]}
+                    "heads_kv": old_heads * spec["heads_kv"] // spec["heads"], "repeats": args.old_repeats or args.repeats}
         old = _old(old_spec, args.old_root, args.old_device)
         old_wall = statistics.median(old["walls"])
         factor = _work(spec) / _work(old_spec)
