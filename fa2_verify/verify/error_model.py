@@ -19,7 +19,10 @@ recomputed as ``exp(S - LSE*)`` with the golden LSE.  The evaluation runs on
 the case's device, one block of query rows at a time over only the keys those
 rows see (:func:`row_blocks`) and for all the query heads of one kv head at once,
 so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
-float64 a block at a time.  When one (batch, kv head) pair is smaller than
+float64 a block at a time.  Only the columns of a block that some of its rows
+do not see are masked (:class:`_BlockMask`), and each equation's sums over
+keys are one matrix product of their summed weights (docs/error-model.md,
+"The error model at scale").  When one (batch, kv head) pair is smaller than
 the work budget, a chunk of consecutive pairs (:func:`pairs_per_chunk`) is
 evaluated at once, every per-pair tensor gaining a leading pair dimension, so
 that many short sequences cost a few tensor operations rather than a Python
@@ -607,7 +610,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                 d_rows = (dout_rows * out_pairs[b, rows, g].transpose(1, 2)).sum(-1)
             else:
                 d_rows = delta_pairs[b, g][..., rows]
-            centered = _scores(dout_rows, v_rows).sub_(d_rows[..., None])
+            # dP - D, D subtracted in the product's epilogue
+            centered = _scores(dout_rows, v_rows, -d_rows[..., None])
             ds = p * centered if signed_ds else None
             centered.abs_()
             # (7): both sums of P_ij |dO_ic|, with (E_ij + u) and with (gamma_{N_j+G} + u_G), in one product
