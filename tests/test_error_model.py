@@ -17,6 +17,7 @@ import torch
 from fa2_verify import golden
 from tests import naive
 from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.contract import visible_mask
 from fa2_verify.core.errors import GoldenError, KernelLoadError
 from fa2_verify.golden.certify import LIMIT
 from fa2_verify.verify.error_model import (
@@ -25,6 +26,8 @@ from fa2_verify.verify.error_model import (
     THRESHOLDS,
     accumulation_unit,
     first_order_bounds,
+    flush_unit,
+    lse_storage_unit,
     underflow_unit,
     unit_roundoff,
 )
@@ -403,3 +406,117 @@ def test_bounds_of_a_chunk_of_pairs_equal_those_of_one_pair_at_a_time(monkeypatc
     assert chunked.keys() == single.keys() == {"out", "lse", "dq", "dk", "dv"}
     for name, bound in single.items():
         assert torch.equal(chunked[name], bound), name
+
+
+def _dense_bounds(case, result) -> dict[str, torch.Tensor]:
+    """Eqs. (1) to (11) of ``first_order_bounds``' docstring evaluated literally on the whole (seqlen_q x seqlen_k)
+    matrices with the mask of ``visible_mask``: the bounds without partial sums, the test's own oracle."""
+    spec = case.spec
+    dtype = spec.torch_dtype
+    u, u_a, eta = unit_roundoff(dtype), accumulation_unit(dtype), underflow_unit(dtype)
+    u_f, u_lse, eta_a = 4 * u_a, lse_storage_unit(dtype), flush_unit(dtype)
+    scale, d, group = spec.scale, spec.head_dim, spec.heads_q // spec.heads_kv
+
+    def gamma(n):
+        return n * u_a / (1 - n * u_a)
+
+    q, dout, out, dq = (t.double().transpose(1, 2) for t in (case.q, case.dout, result.out, result.dq))
+    k, v = (t.double().repeat_interleave(group, dim=2).transpose(1, 2) for t in (case.k, case.v))
+    lse, delta = result.lse.double(), result.delta.double()
+    vis = visible_mask(spec.seqlen_q, spec.seqlen_k, causal=spec.causal, window_size=spec.window_size,
+                       alignment=spec.causal_alignment)
+    seen, n = vis.double(), vis.sum(-1).double()[:, None]
+    lse = torch.where(n[:, 0] > 0, lse, 0.0)[..., None]
+    logits, magnitude = scale * q @ k.mT, scale * q.abs() @ k.abs().mT
+    row_max = torch.where(vis, logits.abs(), 0.0).amax(-1, keepdim=True)
+    p = torch.where(vis, torch.exp(logits - lse), 0.0)
+    logit_error = gamma(d + 2) * magnitude + u_a * (logits.abs() + row_max) + u_f  # (1)
+    pv, p_delta = p @ v.abs(), (p * logit_error).sum(-1, keepdim=True)
+    b_out = (u * (out.abs() + pv) + gamma(2 * n) * (pv + out.abs()) + u_a * out.abs()
+             + (p * logit_error) @ v.abs() + p_delta * out.abs() + eta + (eta + eta_a) * (seen @ v.abs())
+             + 3 * n * eta_a)  # (2)
+    b_lse = (p_delta + gamma(2 * n) + u_f * (1 + torch.log(n.clamp(min=1))) + 3 * u_a * (lse.abs() + row_max)
+             + u_lse * lse.abs())  # (3)
+    p_error = logit_error + b_lse + u_a * (logits.abs() + lse.abs())  # (4)
+    b_delta = (dout.abs() * b_out).sum(-1, keepdim=True) + gamma(d) * (dout.abs() * out.abs()).sum(-1, keepdim=True)
+    centered = dout @ v.mT - delta[..., None]
+    ds = p * centered
+    b_ds = (p * (p_error * centered.abs() + gamma(d) * (dout.abs() @ v.abs().mT) + b_delta)
+            + (2 * u + 2 * u_a) * ds.abs() + (eta + (eta + eta_a) * centered.abs() + eta_a * (2 * d + 2)) * seen)
+    b_dq = (scale * b_ds @ k.abs() + gamma(n + 2) * scale * ds.abs() @ k.abs() + u * dq.abs() + eta
+            + 3 * (n + 2) * (n > 0) * max(1.0, scale) * eta_a)  # (8)
+
+    def by_kv_head(tensor):  # (batch, heads_q, seqlen_k, d) summed over each group -> (batch, seqlen_k, heads_kv, d)
+        return tensor.unflatten(1, (spec.heads_kv, group)).sum(2).transpose(1, 2)
+
+    n_key = group * seen.sum(0)[None, :, None, None]
+    present = (n_key > 0).double()
+    u_group, eta_group = (u, eta + group * eta * present) if group > 1 else (0.0, eta)
+    b_dv = (by_kv_head((p * (p_error + u) + (eta + eta_a) * seen).mT @ dout.abs())
+            + (gamma(n_key + group) + u_group) * by_kv_head(p.mT @ dout.abs()) + u * result.dv.double().abs()
+            + eta_group + 3 * (n_key + group) * present * eta_a)  # (7)
+    b_dk = (scale * by_kv_head(b_ds.mT @ q.abs())
+            + (gamma(n_key + group + 2) + u_group) * scale * by_kv_head(ds.abs().mT @ q.abs())
+            + u * result.dk.double().abs() + eta_group + 3 * (n_key + group + 2) * present * max(1.0, scale) * eta_a)
+    bounds = {"out": b_out.transpose(1, 2), "lse": torch.where(n[:, 0] > 0, b_lse[..., 0], underflow_unit(torch.float32)),
+              "dq": b_dq.transpose(1, 2), "dk": b_dk, "dv": b_dv}
+    largest = {name: float(getattr(result, name).double().abs().nan_to_num(posinf=0.0).max()) for name in bounds}
+    return {
+        name: bound * (1 + SECOND_ORDER_UNITS * u) + result.certified_bound.get(name, 0.0) * largest[name]  # (10), (11)
+        for name, bound in bounds.items()
+    }
+
+
+#: Masked cases whose row blocks, 5 rows each, hold both columns every row sees and partial bands
+#: (error_model._BlockMask); seqlen_q > seqlen_k leaves rows that see no key.
+BLOCKED = [
+    CaseSpec(batch=2, seqlen_q=23, seqlen_k=23, heads_q=4, heads_kv=2, head_dim=16, dtype="float16", causal=True,
+             seed=11),
+    CaseSpec(batch=1, seqlen_q=23, seqlen_k=19, heads_q=2, heads_kv=2, head_dim=16, dtype="bfloat16",
+             window_size=(6, 2), seed=12),
+    CaseSpec(batch=1, seqlen_q=26, seqlen_k=21, heads_q=3, heads_kv=1, head_dim=8, dtype="float32", causal=True,
+             window_size=(7, 0), causal_alignment="top_left", seed=13),
+    CaseSpec(batch=2, seqlen_q=17, seqlen_k=23, heads_q=2, heads_kv=1, head_dim=16, dtype="float16", seed=14),
+]
+
+
+def _blocked_golden(case):
+    return _golden(case, alignment=case.spec.causal_alignment)
+
+
+@pytest.mark.parametrize("spec", BLOCKED, ids=["causal-gqa", "window", "top-left-empty-rows", "unmasked"])
+def test_bounds_in_row_blocks_equal_the_dense_equations(monkeypatch, spec):
+    """Blocks of 5 rows (fully visible column bands left unmasked, masks only on the partial bands) and one block
+    for the whole head give the bounds of the dense equations."""
+    from fa2_verify.verify import error_model
+
+    case = make_case(spec)
+    result = _blocked_golden(case)
+    dense = _dense_bounds(case, result)
+    whole = first_order_bounds(case, result)
+    group = spec.heads_q // spec.heads_kv
+    monkeypatch.setitem(error_model.WORK_ELEMENTS, "cpu", 5 * group * spec.seqlen_k)
+    first, last = spec.visible_ranges("cpu")
+    blocks = error_model.row_blocks(first, last, spec.seqlen_k, 5 * spec.seqlen_k)
+    masks = [error_model._BlockMask.of(rows, keys, first, last, first, last) for rows, keys in blocks]
+    assert len(blocks) > 3 and any(mask.full.stop > mask.full.start for mask in masks)
+    assert any(mask.bands and mask.full.stop > mask.full.start for mask in masks) == (spec.causal or spec.window_size != (-1, -1))
+    blocked = first_order_bounds(case, result)
+    for name, bound in dense.items():
+        assert torch.allclose(whole[name], bound, rtol=1e-12, atol=0), name
+        assert torch.allclose(blocked[name], bound, rtol=1e-12, atol=0), name
+
+
+@pytest.mark.parametrize("partials", [PartialSums(dq_keys=4, out_splits=3), PartialSums(dkv_rows=3)])
+def test_bounds_with_partial_sums_in_row_blocks_equal_those_in_one_block(monkeypatch, partials):
+    """The partial-sum terms (eqs. 2b, 7b to 9b) of a masked case in blocks of 5 rows equal those of one block."""
+    from fa2_verify.verify import error_model
+
+    spec = BLOCKED[1]
+    case = make_case(spec)
+    result = _blocked_golden(case)
+    whole = first_order_bounds(case, result, partials)
+    monkeypatch.setitem(error_model.WORK_ELEMENTS, "cpu", 5 * spec.seqlen_k)
+    blocked = first_order_bounds(case, result, partials)
+    for name, bound in whole.items():
+        assert torch.allclose(blocked[name], bound, rtol=1e-12, atol=0), name
