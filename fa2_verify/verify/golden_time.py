@@ -21,9 +21,9 @@ left out, which also errs low):
   ``verify.check.check_case`` on this project's 2-vCPU AMD EPYC (one thread,
   load average 5): 1.8e8 units/s at (1, 2, 1024, 64) float16, 1.3e8 forward
   only, 1.0e8 at (1, 1, 512 x 2048, 128) bfloat16 causal; taken as 5e8.
-* ``cuda``: the golden of (1, 16, 16384, 128) float16, forward and backward,
-  took 9.71 s on an H100 (docs/benchmarks.md, "Golden"): 1.7e11 units/s; the
-  scale set's golden plus comparison gives 1.1e11 to 1.4e11; taken as 4e11.
+* ``cuda``: the golden plus comparison of ``s16384-none-fp16`` (1, 16, 16384,
+  128), forward and backward, took 2.96 + 2.84 s on an H100 (docs/benchmarks.md,
+  "The scale set's six long cases"): 2.8e11 units/s; taken as 4e11.
 """
 
 from __future__ import annotations
