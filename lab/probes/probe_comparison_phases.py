@@ -23,9 +23,9 @@ import argparse
 import cProfile
 import json
 import pstats
-import time
 
 import torch
+from synced import timed
 
 from fa2_verify.app.cases.scale import SCALE_CASES
 from fa2_verify.app.targets import load_target
@@ -48,37 +48,27 @@ def _spec(shape: str, dtype: str) -> CaseSpec:
                     seed=0, backward=True, name=shape)
 
 
-def _timed(device: str, function, *args, **kwargs):
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = function(*args, **kwargs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - start
-
-
 def probe(kernel, spec: CaseSpec, device: str, profile: bool) -> dict:
     case = make_case(spec, device)
     actual = run_case(kernel, case)
     golden = check.golden_for(case)
     partials = check.partial_sums_of(kernel, case)
     timings: dict[str, float] = {}
-    bounds, timings["bounds"] = _timed(device, error_model.first_order_bounds, case, golden, partials)
-    naive, timings["naive_attention"] = _timed(device, lowprec.naive_attention, case)
+    bounds, timings["bounds"] = timed(device, error_model.first_order_bounds, case, golden, partials)
+    naive, timings["naive_attention"] = timed(device, lowprec.naive_attention, case)
     judged = noise_verdicts.judged_outputs(spec, partials)
-    model, timings["model_attention"] = _timed(device, model_kernel.model_attention, case, actual)
+    model, timings["model_attention"] = timed(device, model_kernel.model_attention, case, actual)
     timings["compare"] = timings["judge"] = 0.0
     for name, tensor in actual.items():
         expected = getattr(golden, name)
-        _, seconds = _timed(device, metrics.compare, name, tensor, expected, bounds[name],
+        _, seconds = timed(device, metrics.compare, name, tensor, expected, bounds[name],
                             threshold=error_model.THRESHOLDS[name], lowprec=naive.get(name))
         timings["compare"] += seconds
         if name in judged:
-            _, seconds = _timed(device, noise_verdicts.judge, spec, name, tensor, expected, bounds[name], model)
+            _, seconds = timed(device, noise_verdicts.judge, spec, name, tensor, expected, bounds[name], model)
             timings["judge"] += seconds
     del bounds, naive, model
-    comparisons, timings["end to end"] = _timed(device, check.compare_outputs, kernel, case, actual, golden)
+    comparisons, timings["end to end"] = timed(device, check.compare_outputs, kernel, case, actual, golden)
     if profile:
         profiler = cProfile.Profile()
         profiler.runcall(check.compare_outputs, kernel, case, actual, golden)

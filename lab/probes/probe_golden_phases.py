@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
+from synced import timed
 
 from fa2_verify import golden
 from fa2_verify.golden import certify, fast, inputs
@@ -29,16 +29,6 @@ def _parse(shape: str) -> dict:
     hq, _, hkv = h.partition("/")
     return {"batch": int(b), "heads_q": int(hq), "heads_kv": int(hkv or hq), "seqlen": int(s), "head_dim": int(d),
             "causal": causal}
-
-
-def _timed(device: str, function, *args, **kwargs):
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    result = function(*args, **kwargs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - start
 
 
 def main() -> None:
@@ -58,23 +48,23 @@ def main() -> None:
         k, v = (torch.randn(*kv_shape, generator=generator).to(dtype).to(args.device) for _ in range(2))
         scale = spec["head_dim"] ** -0.5
         timings: dict[str, float] = {}
-        problem, timings["prepare"] = _timed(
+        problem, timings["prepare"] = timed(
             args.device, inputs.prepare, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], window_size=(-1, -1)
         )
         options = golden.GoldenOptions(method="fast")
         if hasattr(inputs, "fingerprint"):
-            seed, timings["key"] = _timed(args.device, inputs.fingerprint, problem)
+            seed, timings["key"] = timed(args.device, inputs.fingerprint, problem)
         else:  # a golden from before the fingerprint (--before sides): its seed was the cache key's sha256
             from fa2_verify.golden import api
 
-            key, timings["key"] = _timed(args.device, api._key, problem, options, "fast")
+            key, timings["key"] = timed(args.device, api._key, problem, options, "fast")
             seed = int(key[:16], 16)
-        served, timings["float64 pass"] = _timed(args.device, fast.attention, problem)
-        bounds, timings["certification"] = _timed(
+        served, timings["float64 pass"] = timed(args.device, fast.attention, problem)
+        bounds, timings["certification"] = timed(
             args.device, certify.certify, problem, served, rows=options.certify_rows, precision_bits=113,
             seed=seed,
         )
-        _, timings["end to end"] = _timed(
+        _, timings["end to end"] = timed(
             args.device, golden.compute, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], options=options
         )
         line = {"shape": shape, "dtype": args.dtype, "seconds": {n: round(t, 3) for n, t in timings.items()},
