@@ -20,8 +20,8 @@ products and double-double arithmetic, :mod:`golden.fixed`, :mod:`golden.dd`,
 where the fast path splits its products adaptively and takes ``exp`` in
 float64), evaluated many rows at a time on the case's device.  They are
 checked against mpmath on every case (:func:`golden.rows.query_row`,
-:func:`golden.rows.key_row`): the first and the last sampled query row and key
-row, each restricted to at most :data:`MPMATH_TERMS` of its terms (a random
+:func:`golden.rows.key_row`): the sampled query row and key row that sum the
+most terms, each restricted to at most :data:`MPMATH_TERMS` of them (a random
 subset that keeps the pivot key), must agree with mpmath to
 :data:`REFERENCE_LIMIT`, about ``2**40`` times tighter than the fast path's
 limit.  Those rows evaluate the same arithmetic on the case's own data
@@ -97,9 +97,14 @@ BOUNDARY_POWERS = (2**15, 2**16, 2**17)
 #: 131,072 tokens fits, at about 2**22 double-double elements per batch of rows.
 TERM_BUDGET = 2**24
 
-#: Most (row, term) elements of one batch of reference rows: a few dozen float64 temporaries of this size live
-#: at once (32 MiB each).
+#: Most (row, term) elements of one batch of reference rows: a few dozen float64 temporaries of this size live at
+#: once (32 MiB each).
 BATCH_TERMS = 2**22
+
+#: Most elements of a batch that stacks several kv heads, per device type: on CUDA, which pays per launch, as many
+#: as a batch may hold; on the CPU, which pays per element, only while launches outweigh the padding of the rows to
+#: a common count and span.
+STACKED_TERMS = {"cpu": 2**16, "cuda": BATCH_TERMS}
 
 #: Terms of each row checked against mpmath (about 50 us each, :mod:`golden.rows`).
 MPMATH_TERMS = 256
@@ -158,14 +163,13 @@ class _Batch:
 def _batches(
     picks: list[tuple], group: int, terms_of: Callable[[int], range], device: torch.device, heads_per_term: int = 1
 ) -> Iterator[_Batch]:
-    """Batches of ``picks`` ``(b, head, row)``: the rows of one kv head (``head // group``) in row order, each
-    batch within :data:`BATCH_TERMS` (kv heads x rows x the union of their terms x ``heads_per_term``) or a
-    single row.  On CUDA the kv heads are stacked into as few batches as fit: the device pays per launch, so
-    evaluating rows over the union of their terms costs less than a launch sequence per kv head; on the CPU,
-    which pays per element, each kv head is a batch of its own."""
+    """Batches of ``picks`` ``(b, head, row)``: the rows of one kv head (``head // group``) in row order, kv heads
+    stacked while the batch stays within ``STACKED_TERMS[device.type]`` (kv heads x rows x the union of their
+    terms x ``heads_per_term``), one kv head's rows within :data:`BATCH_TERMS`, at least one row each."""
     by_head: dict[tuple[int, int], list[tuple[int, int]]] = {}
     for b, head, row in picks:
         by_head.setdefault((b, head // group), []).append((head, row))
+    stacked = STACKED_TERMS.get(device.type, STACKED_TERMS["cuda"])
     units: list[tuple[int, int, list[tuple[int, int]]]] = []
     for (b, g), members in sorted(by_head.items()):
         members.sort(key=lambda member: member[1])
@@ -175,11 +179,8 @@ def _batches(
                 units.append((b, g, []))
             units[-1][2].append(member)
     batch: list[tuple[int, int, list[tuple[int, int]]]] = []
-    for unit in units:
-        if batch and device.type == "cpu":
-            yield _stack(batch, terms_of)
-            batch = []
-        if batch and _cost([u[2] for u in batch + [unit]], terms_of, heads_per_term) > BATCH_TERMS:
+    for unit in sorted(units, key=lambda unit: len(unit[2])):  # kv heads of similar row counts pad little
+        if batch and _cost([u[2] for u in batch + [unit]], terms_of, heads_per_term) > stacked:
             yield _stack(batch, terms_of)
             batch = []
         batch.append(unit)
@@ -261,10 +262,11 @@ def _check_reference(
     problem: HeadMajorInputs, fast: FastResult, query_picks: list, key_picks: list, precision_bits: int,
     rng: np.random.Generator,
 ) -> None:
-    """Raise ``GoldenError`` unless the reference rows agree with mpmath to :data:`REFERENCE_LIMIT` on the first
-    and last sampled query and key rows, each cut to at most :data:`MPMATH_TERMS` terms (module docstring)."""
+    """Raise ``GoldenError`` unless the reference rows agree with mpmath to :data:`REFERENCE_LIMIT` on the sampled
+    query row and key row that sum the most terms, each cut to at most :data:`MPMATH_TERMS` terms (module
+    docstring)."""
     bounds: dict[str, _Bound] = {}
-    for b, h, i in _ends(query_picks):
+    for b, h, i in _widest(query_picks, lambda i: len(problem.keys_of(i))):
         g = h // problem.group
         keys = np.arange(problem.first[i], problem.last[i] + 1)
         pivot = int(fast.pivot[b, h, i])
@@ -280,7 +282,7 @@ def _check_reference(
             problem.scale, precision_bits, int(np.searchsorted(chosen, pivot)),
         )
         _compare_with_mpmath(bounds, reference, expected, precision_bits)
-    for b, g, j in _ends(key_picks):
+    for b, g, j in _widest(key_picks, lambda j: len(problem.queries_of(j))):
         assert problem.dout is not None and fast.offset is not None  # key rows exist only with a backward
         span = problem.queries_of(j)
         key = torch.tensor([j], device=problem.device)
@@ -315,9 +317,9 @@ def _check_reference(
         )
 
 
-def _ends(picks: list[tuple]) -> list[tuple]:
-    """The first and the last of ``picks`` (one when they are the same)."""
-    return list(dict.fromkeys(picks[:1] + picks[-1:]))
+def _widest(picks: list[tuple], terms: Callable[[int], int]) -> list[tuple]:
+    """The pick whose row sums the most terms (the first of them), none when there are no picks."""
+    return [max(picks, key=lambda pick: terms(pick[-1]))] if picks else []
 
 
 def _subset(terms: np.ndarray, keep: int | None, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -407,7 +409,7 @@ def _enforce(observed: dict[str, float]) -> None:
     if failed:
         detail = ", ".join(f"{name}={value:.3g}" for name, value in failed.items())
         raise GoldenError(
-            f"the fast golden failed certification against mpmath: {detail} above the limit {LIMIT:.3g}; "
+            f"the fast golden failed certification against its reference rows: {detail} above the limit {LIMIT:.3g}; "
             "compute this case with GoldenOptions(method='mpmath')"
         )
 
