@@ -161,3 +161,25 @@ def test_kv_heads_stacked_into_one_batch_give_the_bounds_of_one_batch_each(monke
     monkeypatch.setattr(certify, "_batches", stacked)
     assert certify.certify(problem, served, rows=12, precision_bits=113, seed=5) == pytest.approx(separate, rel=1e-9)
     assert counts == [1, 1]
+
+
+def test_exp_is_zero_below_float64s_range():
+    x = torch.tensor([-746.0, -1e4, -1e12, -745.0], dtype=torch.float64)
+    hi, lo = dd.exp(dd.of(x))
+    assert hi[:3].tolist() == [0.0, 0.0, 0.0] and lo[:3].tolist() == [0.0, 0.0, 0.0] and 0 < float(hi[3]) < 1e-323
+
+
+@pytest.mark.parametrize("spread", [8, 12])
+def test_float64_inputs_over_many_binades_certify(spread):
+    """float64 inputs whose values span 2**(2 spread) binades: scores far below the row's largest (exp underflows
+    to 0) and first causal rows that see one key (dS exactly 0 there, in the key rows as in mpmath)."""
+    generator = torch.Generator().manual_seed(spread)
+
+    def draw(*shape):
+        powers = torch.randint(-spread, spread + 1, shape, generator=generator).double()
+        return torch.randn(*shape, generator=generator, dtype=torch.float64) * torch.exp2(powers)
+
+    q, dout, k, v = draw(1, 40, 4, 16), draw(1, 40, 4, 16), draw(1, 40, 2, 16), draw(1, 40, 2, 16)
+    problem = inputs.prepare(q, k, v, dout, softmax_scale=0.25, causal=True, window_size=(-1, -1))
+    bounds = certify.certify(problem, fast.attention(problem), rows=32, precision_bits=113, seed=1)
+    assert max(bounds.values()) <= 2.0**-45, bounds

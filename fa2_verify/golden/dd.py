@@ -105,9 +105,15 @@ def div(a: DD, b: DD) -> DD:
     return add((q1, q2), of(q3))
 
 
+#: Below this ``exp`` is 0 in float64 (``exp(-746) < 2**-1075``).
+_EXP_UNDERFLOW = -746.0
+
+
 def exp(x: DD) -> DD:
     """``exp(x)`` for finite ``x`` (module docstring); 0 below float64's range, ``x`` above ``709`` overflows."""
-    k = torch.round(x[0] / _LN2[0]).clamp(-1100, 1100)
+    below = x[0] < _EXP_UNDERFLOW
+    x = (torch.where(below, 0.0, x[0]), torch.where(below, 0.0, x[1]))  # reduced in range, then zeroed
+    k = torch.round(x[0] / _LN2[0])
     k_ln2 = add(two_prod(k, _LN2[0]), of(k * _LN2[1]))
     r = sub(x, k_ln2)
     s = (r[0] * 2.0**-SQUARINGS, r[1] * 2.0**-SQUARINGS)  # exact unless r[1] is subnormal, which costs nothing
@@ -120,7 +126,7 @@ def exp(x: DD) -> DD:
         e = mul(e, add(e, of(torch.full_like(e[0], 2.0))))
     one_plus = add(of(torch.ones_like(e[0])), e)
     k = k.to(torch.int64)
-    return ldexp(one_plus[0], k), ldexp(one_plus[1], k)
+    return torch.where(below, 0.0, ldexp(one_plus[0], k)), torch.where(below, 0.0, ldexp(one_plus[1], k))
 
 
 def log(a: DD) -> DD:

@@ -109,9 +109,15 @@ def key_rows(k: torch.Tensor, v: torch.Tensor, heads: list[QueryHead], scale: fl
         lse = (head.lse[0][..., None], head.lse[1][..., None])
         x = dd.sub(dd.scaled(scores, scale), lse)
         p = _masked(dd.exp(_masked(x, head.visible)), head.visible)
-        dp, _ = _product(head.dout, v.mT)
-        anchor = fixed.exact_dot(head.dout, head.pivot_v)
-        shifted = dd.sub(dd.sub(dp, (anchor[0][..., None], anchor[1][..., None])), dd.of(head.offset[..., None]))
+        # dP and its anchors dO_i . v_p(i) as the same fixed-point products, the value rows split into the same
+        # limbs: where key j is query i's pivot, dP_ij - anchor_i is exactly 0, as in the fast path
+        count = fixed.exact_limbs(v, head.pivot_v)
+        dout = fixed.fixed(head.dout, axis=-1)
+        dp, _ = fixed.matmul(dout, fixed.fixed(v.mT, axis=-2, count=count))
+        anchor, _ = fixed.matmul(fixed.fixed(head.dout[..., None, :], axis=-1),
+                                 fixed.fixed(head.pivot_v[..., :, None], axis=-2, count=count))
+        anchor = (anchor[0][..., 0], anchor[1][..., 0])  # (..., m, 1)
+        shifted = dd.sub(dd.sub(dp, anchor), dd.of(head.offset[..., None]))
         ds = _masked(dd.mul(p, shifted), head.visible)
         p_t, ds_t = (p[0].mT, p[1].mT), (ds[0].mT, ds[1].mT)
         dv_part, dv_part_slack = _product(p_t, head.dout)

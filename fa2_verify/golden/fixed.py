@@ -38,8 +38,11 @@ LIMB_BITS = 20
 #: Terms per exact float64 partial sum: ``CHUNK * 2**(2 LIMB_BITS) <= 2**53``.
 CHUNK = 2 ** (53 - 2 * LIMB_BITS)
 
-#: Limbs kept of an operand: 120 bits below its row's largest magnitude.
+#: Limbs kept of a double-double operand: 120 bits below its row's largest magnitude.
 LIMBS = 6
+
+#: Most limbs of an input operand: exact for rows whose magnitudes span up to 187 binades of float64 values.
+INPUT_LIMBS = 12
 
 #: Chunks summed in int64 before the running total moves to double-double: ``2**53 * 2**6 * LIMBS < 2**63``.
 _CHUNKS_PER_GROUP = 2**6
@@ -57,12 +60,12 @@ class Fixed:
     peak: torch.Tensor
 
 
-def fixed(x: torch.Tensor | dd.DD, axis: int) -> Fixed:
+def fixed(x: torch.Tensor | dd.DD, axis: int, count: int | None = None) -> Fixed:
     """``x`` (float64, or a double-double) as limbs on one exponent per row along ``axis``.
 
-    A double-double takes :data:`LIMBS` limbs; a float64 tensor as many as its
-    widest row needs to be exact (from its largest magnitude down to its
-    lowest set bit), at most :data:`LIMBS`.  Limbs are taken by truncation
+    A double-double takes :data:`LIMBS` limbs; a float64 tensor ``count``, by
+    default :func:`exact_limbs` of it (as many as its widest row needs to be
+    exact).  Limbs are taken by truncation
     from the scaled value, the double-double being renormalized after each
     (its remainder stays below one unit of the next limb), so each limb's
     magnitude is at most ``2**LIMB_BITS``.
@@ -71,7 +74,12 @@ def fixed(x: torch.Tensor | dd.DD, axis: int) -> Fixed:
     peak = hi.abs().amax(dim=axis, keepdim=True)
     exponent = torch.frexp(peak).exponent.to(torch.int64)  # |x| < 2**E, up to lo's rounding
     exponent = torch.where(peak > 0, exponent + 1, 0)  # one spare bit for lo
-    count, exact = _exact_count(x, exponent) if isinstance(x, torch.Tensor) else (LIMBS, False)
+    if isinstance(x, torch.Tensor):
+        needed = _needed_limbs(x, exponent)
+        count = count or min(needed, INPUT_LIMBS)
+        exact = needed <= count
+    else:
+        count, exact = LIMBS, False
     scale = -exponent
     hi, lo = ldexp(hi, scale), ldexp(lo, scale)
     limbs = torch.empty((count, *hi.shape), dtype=torch.float64, device=hi.device)
@@ -85,18 +93,27 @@ def fixed(x: torch.Tensor | dd.DD, axis: int) -> Fixed:
     return Fixed(limbs, exponent, remainder, ldexp(torch.ones_like(peak), exponent))
 
 
-def _exact_count(x: torch.Tensor, exponent: torch.Tensor) -> tuple[int, bool]:
-    """Limbs that hold every row of ``x`` exactly below its exponent, at most :data:`LIMBS` (at least 1), and
-    whether that many do."""
+def exact_limbs(*tensors: torch.Tensor) -> int:
+    """Limbs that hold every row of every tensor exactly (along its last axis), at most :data:`INPUT_LIMBS`:
+    operands given this common count split a shared row into the same limbs."""
+    needed = []
+    for x in tensors:
+        peak = x.abs().amax(dim=-1, keepdim=True)
+        exponent = torch.where(peak > 0, torch.frexp(peak).exponent.to(torch.int64) + 1, 0)
+        needed.append(_needed_limbs(x, exponent))
+    return min(max(needed), INPUT_LIMBS)
+
+
+def _needed_limbs(x: torch.Tensor, exponent: torch.Tensor) -> int:
+    """Limbs that hold every row of ``x`` exactly below its exponent (at least 1)."""
     mantissa, power = torch.frexp(x)
     integers = (mantissa * 2.0**53).to(torch.int64)
     nonzero = integers != 0
     if not bool(nonzero.any()):
-        return 1, True
+        return 1
     lowest = torch.frexp((integers & -integers).to(torch.float64)).exponent.to(torch.int64) - 1  # trailing zeros
     lowest_bit = torch.where(nonzero, power.to(torch.int64) - 53 + lowest, exponent)
-    needed = max(1, -(-int((exponent - lowest_bit).max()) // LIMB_BITS))
-    return min(LIMBS, needed), needed <= LIMBS
+    return max(1, -(-int((exponent - lowest_bit).max()) // LIMB_BITS))
 
 
 def matmul(a: Fixed, b: Fixed) -> tuple[dd.DD, torch.Tensor]:
