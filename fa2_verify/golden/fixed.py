@@ -44,15 +44,16 @@ LIMBS = 6
 #: Most limbs of an input operand: exact for rows whose magnitudes span up to 187 binades of float64 values.
 INPUT_LIMBS = 12
 
-#: Chunks summed in int64 before the running total moves to double-double: ``2**53 * 2**6 * LIMBS < 2**63``.
+#: Chunks summed in int64 before the running total moves to double-double: each shift adds at most
+#: ``INPUT_LIMBS`` limb pairs of ``2**6`` chunks below ``2**53``, ``12 * 2**59 < 2**63``.
 _CHUNKS_PER_GROUP = 2**6
 
 
 @dataclasses.dataclass(frozen=True)
 class Fixed:
-    """Limbs ``(count, *shape)`` of integers in float64, the exponent ``E`` (int64, the contracted axis of size 1)
-    the bound ``2**(E + 1 - LIMB_BITS count)`` of each entry's dropped remainder and the bound ``2**E`` of its
-    magnitude, both float64 of the exponent's shape."""
+    """Limbs ``(count, *shape)`` of integers in float64; the exponent ``E`` (int64, the contracted axis of size 1);
+    the bound of each entry's dropped remainder, ``2**(E + 1 - LIMB_BITS count)`` (0 where the limbs are exact);
+    the bound ``2**E`` of its magnitude (both float64, of the exponent's shape)."""
 
     limbs: torch.Tensor
     exponent: torch.Tensor
@@ -64,11 +65,11 @@ def fixed(x: torch.Tensor | dd.DD, axis: int, count: int | None = None) -> Fixed
     """``x`` (float64, or a double-double) as limbs on one exponent per row along ``axis``.
 
     A double-double takes :data:`LIMBS` limbs; a float64 tensor ``count``, by
-    default :func:`exact_limbs` of it (as many as its widest row needs to be
-    exact).  Limbs are taken by truncation
-    from the scaled value, the double-double being renormalized after each
-    (its remainder stays below one unit of the next limb), so each limb's
-    magnitude is at most ``2**LIMB_BITS``.
+    default as many as its widest row needs to be exact (at most
+    :data:`INPUT_LIMBS`).  Limbs are taken by truncation from the scaled
+    value, the double-double being renormalized after each (its remainder
+    stays below one unit of the next limb), so each limb's magnitude is at
+    most ``2**LIMB_BITS``.
     """
     hi, lo = (x, torch.zeros_like(x)) if isinstance(x, torch.Tensor) else x
     peak = hi.abs().amax(dim=axis, keepdim=True)
