@@ -2,7 +2,7 @@
 
 ``method="mpmath"`` evaluates every output in mpmath (:mod:`golden.mp`);
 ``method="fast"`` uses the float64 error-free path (:mod:`golden.fast`) and
-certifies it against mpmath on sampled rows (:mod:`golden.certify`);
+certifies it on sampled rows against reference rows checked against mpmath (:mod:`golden.certify`);
 ``method="auto"`` takes mpmath while the case's work
 ``batch * heads_q * seqlen_q * seqlen_k * head_dim`` is at most
 :data:`AUTO_MPMATH_MAX_WORK` and the fast path above it.

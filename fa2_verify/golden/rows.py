@@ -1,7 +1,8 @@
 """mpmath reference for selected rows, with exact integer dot products.
 
-The certification (:mod:`golden.certify`) needs a few rows of a large case
-in high precision, quickly.  The formulas are those of :mod:`golden.mp`; what
+The certification (:mod:`golden.certify`) checks its double-double reference
+rows (:mod:`golden.dd_rows`) against these on a few rows of every case, cut
+to a few hundred terms.  The formulas are those of :mod:`golden.mp`; what
 differs is how they are evaluated:
 
 * every float64 array is an exact integer array times a power of two,
