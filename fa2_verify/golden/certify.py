@@ -214,7 +214,7 @@ def _query_batch(problem: HeadMajorInputs, fast: FastResult, batch: _Batch):
     device = problem.device
     b, g = batch.b.to(device)[:, None], batch.g.to(device)[:, None]
     heads, rows, keys = batch.heads.to(device), batch.rows.to(device), batch.terms.to(device)
-    first, last = _ranges(problem)
+    first, last = problem.device_ranges
     visible = (keys >= first[rows][..., None]) & (keys <= last[rows][..., None])
     dout = problem.dout[b, heads, rows] if problem.dout is not None else None
     reference = dd_rows.query_rows(
@@ -242,7 +242,7 @@ def _query_head(
     """Query heads ``h`` (G, 1) of batches ``b`` (G, 1): their share of the key rows ``keys`` (G, R), over the
     queries ``queries`` (G or 1, m)."""
     assert problem.dout is not None and fast.offset is not None  # key rows exist only with a backward
-    first, last = _ranges(problem)
+    first, last = problem.device_ranges
     return dd_rows.QueryHead(
         q=problem.q[b, h, queries],
         dout=problem.dout[b, h, queries],
@@ -251,11 +251,6 @@ def _query_head(
         pivot_v=problem.v[b, h // problem.group, fast.pivot[b, h, queries]],
         visible=(keys[:, None, :] >= first[queries][..., None]) & (keys[:, None, :] <= last[queries][..., None]),
     )
-
-
-def _ranges(problem: HeadMajorInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query's first and last visible key, on the problem's device."""
-    return torch.from_numpy(problem.first).to(problem.device), torch.from_numpy(problem.last).to(problem.device)
 
 
 def _check_reference(

@@ -54,6 +54,16 @@ def two_prod(a: torch.Tensor, b) -> tuple[torch.Tensor, torch.Tensor]:
     return p, ((a_hi * b_hi - p) + a_hi * b_lo + a_lo * b_hi) + a_lo * b_lo
 
 
+def odd_form(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(odd, power)``, int64, with ``x = odd * 2**power`` exactly and ``odd`` odd, for finite float64 ``x``
+    (``(0, 0)`` where ``x`` is 0): the value's integer significand without its trailing zero bits."""
+    mantissa, exponent = torch.frexp(x)
+    integers = (mantissa * 2.0**53).to(torch.int64)
+    nonzero = integers != 0
+    trailing = torch.where(nonzero, torch.frexp((integers & -integers).to(torch.float64)).exponent.to(torch.int64) - 1, 0)
+    return integers >> trailing, torch.where(nonzero, exponent.to(torch.int64) - 53 + trailing, 0)
+
+
 def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``a @ b`` as an unevaluated pair ``hi + lo`` for float64 ``a`` (..., m, k), ``b`` (..., k, n), one device.
 

@@ -197,7 +197,7 @@ def attention(problem: HeadMajorInputs) -> FastResult:
         dq, delta, offset = torch.zeros_like(out), torch.zeros_like(lse_lo), torch.zeros_like(lse_lo)
         dk, dv = torch.zeros_like(problem.k), torch.zeros_like(problem.v)
     plan = blocks(problem)
-    first, last = (torch.from_numpy(ends).to(device) for ends in (problem.first, problem.last))
+    first, last = problem.device_ranges
     group = problem.group
     for b, g in pair_chunks(problem):
         k, v = problem.k[b, g], problem.v[b, g]

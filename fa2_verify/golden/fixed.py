@@ -30,7 +30,7 @@ import dataclasses
 import torch
 
 from fa2_verify.golden import dd
-from fa2_verify.golden.eft import ldexp, two_prod, two_sum
+from fa2_verify.golden.eft import ldexp, odd_form, two_prod, two_sum
 
 #: Bits per limb: a product of two limbs is at most ``2**40``.
 LIMB_BITS = 20
@@ -72,9 +72,7 @@ def fixed(x: torch.Tensor | dd.DD, axis: int, count: int | None = None) -> Fixed
     most ``2**LIMB_BITS``.
     """
     hi, lo = (x, torch.zeros_like(x)) if isinstance(x, torch.Tensor) else x
-    peak = hi.abs().amax(dim=axis, keepdim=True)
-    exponent = torch.frexp(peak).exponent.to(torch.int64)  # |x| < 2**E, up to lo's rounding
-    exponent = torch.where(peak > 0, exponent + 1, 0)  # one spare bit for lo
+    peak, exponent = _row_exponent(hi, axis)
     if isinstance(x, torch.Tensor):
         needed = _needed_limbs(x, exponent)
         count = count or min(needed, INPUT_LIMBS)
@@ -97,23 +95,23 @@ def fixed(x: torch.Tensor | dd.DD, axis: int, count: int | None = None) -> Fixed
 def exact_limbs(*tensors: torch.Tensor) -> int:
     """Limbs that hold every row of every tensor exactly (along its last axis), at most :data:`INPUT_LIMBS`:
     operands given this common count split a shared row into the same limbs."""
-    needed = []
-    for x in tensors:
-        peak = x.abs().amax(dim=-1, keepdim=True)
-        exponent = torch.where(peak > 0, torch.frexp(peak).exponent.to(torch.int64) + 1, 0)
-        needed.append(_needed_limbs(x, exponent))
-    return min(max(needed), INPUT_LIMBS)
+    return min(max(_needed_limbs(x, _row_exponent(x, -1)[1]) for x in tensors), INPUT_LIMBS)
+
+
+def _row_exponent(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(peak, E)`` per row along ``axis``: the largest magnitude and the exponent with ``|x| < 2**(E - 1)``
+    (one spare bit for a double-double's low part; 0 for a row of zeros)."""
+    peak = x.abs().amax(dim=axis, keepdim=True)
+    return peak, torch.where(peak > 0, torch.frexp(peak).exponent.to(torch.int64) + 1, 0)
 
 
 def _needed_limbs(x: torch.Tensor, exponent: torch.Tensor) -> int:
     """Limbs that hold every row of ``x`` exactly below its exponent (at least 1)."""
-    mantissa, power = torch.frexp(x)
-    integers = (mantissa * 2.0**53).to(torch.int64)
-    nonzero = integers != 0
+    odd, lowest_bit = odd_form(x)
+    nonzero = odd != 0
     if not bool(nonzero.any()):
         return 1
-    lowest = torch.frexp((integers & -integers).to(torch.float64)).exponent.to(torch.int64) - 1  # trailing zeros
-    lowest_bit = torch.where(nonzero, power.to(torch.int64) - 53 + lowest, exponent)
+    lowest_bit = torch.where(nonzero, lowest_bit, exponent)
     return max(1, -(-int((exponent - lowest_bit).max()) // LIMB_BITS))
 
 

@@ -14,6 +14,7 @@ visible keys (:func:`core.contract.visible_ranges`), never as a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import numbers
@@ -109,10 +110,14 @@ class HeadMajorInputs:
         """The queries that see key ``j``: ``last[i] >= j`` and ``first[i] <= j``."""
         return range(int(np.searchsorted(self.last, j, side="left")), int(np.searchsorted(self.first, j, side="right")))
 
+    @functools.cached_property
+    def device_ranges(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``first`` and ``last`` as int64 tensors on the golden's device, copied once."""
+        return torch.from_numpy(self.first).to(self.device), torch.from_numpy(self.last).to(self.device)
+
     def visible(self, rows: slice, keys: slice) -> torch.Tensor:
         """Bool block ``mask[rows, keys]`` on the golden's device: True where query ``i`` sees key ``j``."""
-        first = torch.from_numpy(self.first[rows]).to(self.device)
-        last = torch.from_numpy(self.last[rows]).to(self.device)
+        first, last = (ends[rows] for ends in self.device_ranges)
         j = torch.arange(keys.start, keys.stop, device=self.device)
         return (j >= first[:, None]) & (j <= last[:, None])
 

@@ -35,6 +35,8 @@ import numpy as np
 import torch
 from mpmath import libmp
 
+from fa2_verify.golden.eft import odd_form
+
 RND = libmp.round_nearest
 
 #: Bits per int64 limb: a product of two limbs is below 2**40, so int64 holds
@@ -91,21 +93,16 @@ def exact(x: np.ndarray | torch.Tensor) -> Exact:
     """
     t = torch.as_tensor(x)
     values = t.cpu().numpy()
-    mantissa, exponent = torch.frexp(t)
-    ints = torch.ldexp(mantissa, torch.tensor(53, device=t.device)).to(torch.int64)
-    exponent = exponent.to(torch.int64) - 53
-    nonzero = ints != 0
+    odd, exponent = odd_form(t)
+    nonzero = odd != 0
     if not bool(nonzero.any()):
         return Exact(np.zeros((1, *values.shape), dtype=np.int64), 0, values)
-    lowest_bit = (ints & -ints).to(torch.float64)
-    trailing = torch.where(nonzero, torch.frexp(lowest_bit).exponent.to(torch.int64) - 1, 0)
-    magnitude = ints.abs() >> trailing
-    exponent += trailing
+    magnitude = odd.abs()
     base = int(exponent[nonzero].min())
     shift = torch.where(nonzero, exponent - base, 0)
     bits = torch.frexp(magnitude.to(torch.float64)).exponent.to(torch.int64)
     count = -(-int((shift + bits).max()) // LIMB_BITS)
-    sign = ints.sign()
+    sign = odd.sign()
     limbs = torch.empty((count, *t.shape), dtype=torch.int64, device=t.device)
     for index in range(count):
         low = LIMB_BITS * index - shift
