@@ -115,7 +115,7 @@ def _visible_blocks(case: Case, golden: Any, keys: slice) -> Iterator[tuple[int,
     first, last = first.clamp(min=keys.start), last.clamp(max=keys.stop - 1)
     group = spec.heads_q // spec.heads_kv
     work = error_model.work_elements(device)
-    for rows, span in error_model.row_blocks(first, last, keys.stop - keys.start, work):
+    for rows, span in error_model.row_blocks(first, last, work, spec.head_dim):
         if span.stop <= span.start:
             continue
         key_index = torch.arange(span.start, span.stop, device=device)

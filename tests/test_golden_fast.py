@@ -12,6 +12,7 @@ import torch
 from fa2_verify import golden
 from fa2_verify.golden import certify, eft, fast, inputs, mp, rows
 from fa2_verify.golden.certify import LIMIT
+from fa2_verify.core import row_blocks
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.errors import GoldenError
 
@@ -213,8 +214,8 @@ def test_block_plan_covers_every_visible_pair_once_within_the_budget(monkeypatch
 def test_long_masked_plans_size_their_blocks_by_the_keys_they_see(monkeypatch):
     """At 131,072 tokens with CUDA's budget and overhead: a causal head in 259 blocks (5,792 rows in the first,
     256 in the last full ones) and a 512-key window in 46, where 256 rows per block made 512 of each."""
-    for name in ("BLOCK_ELEMENTS", "BLOCK_OVERHEAD_ELEMENTS"):
-        monkeypatch.setitem(getattr(fast, name), "cpu", getattr(fast, name)["cuda"])
+    monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", fast.BLOCK_ELEMENTS["cuda"])
+    monkeypatch.setitem(row_blocks.OVERHEAD_ELEMENTS, "cpu", row_blocks.OVERHEAD_ELEMENTS["cuda"])
     plan = fast.blocks(_mask_only(131072, 131072, causal=True))
     assert len(plan) == 259
     assert (plan[0].rows, plan[-2].rows.stop - plan[-2].rows.start) == (slice(0, 5792), 256)

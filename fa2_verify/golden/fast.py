@@ -10,7 +10,7 @@ inputs do (cuBLAS float64 products), else on the CPU.  A block of query rows
 only computes the keys its rows see (a causal or sliding-window mask skips
 the rest), so no ``seqlen_q x seqlen_k`` buffer exists for a whole head; its
 rows are as many as keep ``rows x keys`` within ``BLOCK_ELEMENTS`` while the
-cost per visible score falls (:func:`blocks`), so a causal head's early blocks,
+cost per visible score falls (:func:`blocks`, :func:`core.row_blocks.plan`), so a causal head's early blocks,
 over few keys, hold many rows and a long head takes few kernel launches.  The
 keys seen by every row of a block need no mask; only the column bands beside
 them are masked (:func:`_hidden`), and every step below is a full pass over
@@ -56,9 +56,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import torch
 
+from fa2_verify.core import row_blocks
 from fa2_verify.golden.eft import dd_matmul, two_prod, two_sum
 from fa2_verify.golden.inputs import HeadMajorInputs
 
@@ -105,46 +105,12 @@ class _Block:
         return not self.bands
 
 
-#: The fixed cost of one row block (kernel launches, host synchronisations) in scores of arithmetic, per device
-#: type: about 4 ms of host time per block against 0.45 ns of GPU time per score in a profile on an H200, and
-#: about 6 ms against 100 ns per score on one CPU core.  :func:`blocks` weighs it against the hidden scores
-#: that a larger block computes and throws away.
-BLOCK_OVERHEAD_ELEMENTS = {"cpu": 2**16, "cuda": 2**23}
-
-
 def blocks(problem: HeadMajorInputs) -> list[_Block]:
-    """The row blocks of one head, rows that see no key skipped, each over the span of keys its rows see.
-
-    Greedy over the rows: a block takes rows while ``rows x keys`` stays within ``BLOCK_ELEMENTS`` and its
-    cost per visible score, ``(BLOCK_OVERHEAD_ELEMENTS + rows x keys) / visible``, still falls (at least one
-    row).  So a causal head's early blocks, over few keys, hold many rows (the budget bounds the later ones),
-    and a sliding window's blocks grow until the hidden scores on their sides outweigh a block's overhead.
-    """
-    budget = BLOCK_ELEMENTS[problem.device.type]
-    overhead = BLOCK_OVERHEAD_ELEMENTS[problem.device.type]
-    first, last = problem.first, problem.last
-    visible = np.concatenate(([0], np.cumsum(np.maximum(last - first + 1, 0))))
-    seen = problem.seen_queries()
-
-    def elements(start: int, stop: int) -> int:
-        return (stop - start) * max(1, int(last[stop - 1]) + 1 - int(first[start]))
-
-    def cost(start: int, stop: int) -> float:
-        return (overhead + elements(start, stop)) / max(1, int(visible[stop] - visible[start]))
-
-    def fits(start: int, stop: int) -> bool:
-        return elements(start, stop) <= budget and cost(start, stop) <= cost(start, stop - 1)
-
-    result = []
-    start = seen.start
-    while start < seen.stop:
-        low, high = start + 1, seen.stop  # the largest stop that fits (a binary search), at least one row
-        while low < high:
-            middle = (low + high + 1) // 2
-            low, high = (middle, high) if fits(start, middle) else (low, middle - 1)
-        result.append(_block(problem, start, low))
-        start = low
-    return result
+    """The row blocks of one head, rows that see no key skipped, each over the span of keys its rows see:
+    :func:`core.row_blocks.plan` within ``BLOCK_ELEMENTS`` scores."""
+    plan = row_blocks.plan(problem.first, problem.last, BLOCK_ELEMENTS[problem.device.type],
+                           row_blocks.overhead_elements(problem.device))
+    return [_block(problem, rows.start, rows.stop) for rows in plan]
 
 
 def _block(problem: HeadMajorInputs, start: int, stop: int) -> _Block:

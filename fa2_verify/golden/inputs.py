@@ -22,6 +22,7 @@ import numbers
 import numpy as np
 import torch
 
+from fa2_verify.core import row_blocks
 from fa2_verify.core.contract import BOTTOM_RIGHT, UNBOUNDED, dtype_name, effective_window, visible_ranges
 from fa2_verify.core.errors import UsageError
 
@@ -94,8 +95,7 @@ class HeadMajorInputs:
 
     def seen_queries(self) -> range:
         """The query rows that see at least one key (a contiguous range)."""
-        nonempty = np.flatnonzero(self.first <= self.last)
-        return range(int(nonempty[0]), int(nonempty[-1]) + 1) if len(nonempty) else range(0)
+        return row_blocks.seen_rows(self.first, self.last)
 
     def seen_keys(self) -> range:
         """The keys that at least one query sees (a contiguous range)."""

@@ -193,10 +193,17 @@ class Suite:
         self.pacing.ended(error, reproduction)
 
     def end_test(self) -> dict[str, Any]:
-        """The test is over: :meth:`take_observations`, with its example counts (``pacing``) and, if tracked,
-        its kernel errors (``kernel_errors``, with the kernel's name and declared head dims)."""
+        """The test is over: :meth:`take_observations`, with its example counts (``pacing``), the seconds its
+        cases compared with the golden spent per phase (``phases``: kernel, golden, comparison, summed over the
+        results kept, :meth:`keep`) and, if tracked, its kernel errors (``kernel_errors``, with the kernel's name
+        and declared head dims)."""
         observed = self.take_observations()
         observed["pacing"] = self.pacing.finish()
+        phases: dict[str, float] = {}
+        for result in self._results:
+            for phase, seconds in result.seconds.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
+        observed["phases"] = phases
         if self.kernel_errors is not None:
             observed["kernel_errors"] = {
                 **self.kernel_errors.take(),

@@ -2,7 +2,8 @@
 
 A property needing a capability the kernel lacks (or a kernel that cannot run
 here) is skipped with the reason and counted as unsupported; the summary lists
-those counts, how many examples were checked per second, the examples and
+those counts, how many examples were checked per second and where the seconds
+of the cases compared with the golden went (kernel, golden, comparison), the examples and
 kernel errors of each property (:mod:`properties.pacing`,
 :mod:`properties.kernel_errors`) and the worst case found per property.  A run
 in which every property test was skipped so verified nothing: it exits 5, not
@@ -41,6 +42,7 @@ class Summary:
         self.declined: dict[str, int] = {}
         self.examples = 0
         self.seconds = 0.0
+        self.phases: dict[str, float] = {}
         self.worst: dict[tuple[str, str], dict[str, Any]] = {}
         self.verified = 0
         self.nothing_verified = False
@@ -60,6 +62,8 @@ class Summary:
                 observed = json.loads(value)
                 records = observed["worst"]
                 self.examples += max((record["examples"] for record in records), default=0)
+                for phase, seconds in observed.get("phases", {}).items():
+                    self.phases[phase] = self.phases.get(phase, 0.0) + seconds
                 for reason, count in observed["unsupported"].items():
                     self.declined[reason] = self.declined.get(reason, 0) + count
                 for record in records:
@@ -122,6 +126,9 @@ class Summary:
             lines.append(
                 f"{self.examples} examples checked in {self.seconds:.1f} s of test time ({rate:.2f} examples/s per worker)"
             )
+        if self.phases:
+            spent = ", ".join(f"{seconds:.1f} s {phase}" for phase, seconds in self.phases.items())
+            lines.append(f"of which the cases compared with the golden spent {spent}")
         if self.counts is not None:
             lines += self.kernel_errors.lines() + self.counts.lines()
         for reason, properties in sorted(self.unsupported.items()):

@@ -38,6 +38,7 @@ from typing import Any, Mapping
 
 import torch
 
+from fa2_verify.core import row_blocks as core_blocks
 from fa2_verify.core.case import Case
 from fa2_verify.core.errors import KernelLoadError, UsageError
 from fa2_verify.golden.api import require_certified_bound
@@ -223,33 +224,33 @@ def pairs_per_chunk(pairs: int, group: int, seqlen_q: int, seqlen_k: int, head_d
     """(batch, kv head) pairs evaluated at once: as many as keep ``pairs x group x seqlen_q x max(seqlen_k,
     head_dim)`` within ``work`` (the (rows x head_dim) tensors outgrow the (rows x keys) ones when keys are
     fewer than head_dim), at least 1 and at most ``pairs``; 1 when ``per_pair`` (the partial-sum bookkeeping of
-    :class:`_QueryBlockPartials` is per pair).  More than one pair only when one pair's rows form one row block.
+    :class:`_QueryBlockPartials` is per pair).  More than one pair only when all of one pair's scores fit ``work``.
     """
     if per_pair:
         return 1
     return max(1, min(pairs, work // (group * max(seqlen_q, 1) * max(seqlen_k, head_dim, 1))))
 
 
-def row_blocks(first: torch.Tensor, last: torch.Tensor, seqlen_k: int, work: int) -> list[tuple[slice, slice]]:
-    """Blocks of query rows, each with the span of keys its rows see, of at most ``work`` (rows x keys) elements.
+def row_blocks(first: torch.Tensor, last: torch.Tensor, work: int, head_dim: int) -> list[tuple[slice, slice]]:
+    """Blocks of query rows covering every row, each with the span of keys its rows see, in increasing order.
 
-    Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.contract.visible_ranges`);
-    a block's key span runs from the smallest ``first`` to the largest ``last``
-    of its rows that see a key (empty when none does), so a causal or
-    sliding-window mask skips the keys no row of the block sees, and no
-    (seqlen_q x seqlen_k) tensor is ever formed.
+    Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.contract.visible_ranges`).
+    The rows that see a key are planned by :func:`core.row_blocks.plan`: at most ``work`` elements
+    ``rows x max(keys, head_dim)`` a block, grown while its cost per visible score falls, so a causal or
+    sliding-window mask skips the keys no row of a block sees, a narrow window takes few blocks and no
+    (seqlen_q x seqlen_k) tensor is ever formed.  The rows before and after them, which see no key, come in
+    blocks of ``work // head_dim`` rows over no key.
     """
-    rows_per_block = max(1, work // max(seqlen_k, 1))
-    first, last = first.cpu(), last.cpu()
-    blocks = []
-    for start in range(0, len(first), rows_per_block):
-        rows = slice(start, min(len(first), start + rows_per_block))
-        nonempty = first[rows] <= last[rows]
-        keys = slice(0, 0)
-        if bool(nonempty.any()):
-            keys = slice(int(first[rows][nonempty].min()), int(last[rows][nonempty].max()) + 1)
-        blocks.append((rows, keys))
-    return blocks
+    first_host, last_host = first.cpu().numpy(), last.cpu().numpy()
+    seen = core_blocks.seen_rows(first_host, last_host)
+    plan = core_blocks.plan(first_host, last_host, work, core_blocks.overhead_elements(first.device), head_dim)
+    step = max(1, work // max(head_dim, 1))
+    before = [(slice(start, min(seen.start, start + step)), slice(0, 0)) for start in range(0, seen.start, step)]
+    after = [(slice(start, min(len(first_host), start + step)), slice(0, 0))
+             for start in range(seen.stop, len(first_host), step)]
+    seeing = [(slice(rows.start, rows.stop), slice(int(first_host[rows.start]), int(last_host[rows.stop - 1]) + 1))
+              for rows in plan]
+    return before + seeing + after
 
 
 def rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,7 +527,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     # the query heads of one kv head share its keys: a block holds all of them; with a leading pair dimension C,
     # a chunk of consecutive (batch, kv head) pairs p = b * heads_kv + g is evaluated at once
     work = max(1, work_elements(device) // group)
-    blocks = row_blocks(first, last, seqlen_k, work)
+    blocks = row_blocks(first, last, work, head_dim)
     dkv_rows = partials.dkv_rows if backward else None
     per_pair = dkv_rows is not None
     signed_ds = backward and (per_pair or partials.dq_keys is not None)

@@ -47,7 +47,7 @@ def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[sli
         buffers["dq"] = torch.zeros_like(case.q)
         buffers["dk_sum"] = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
         buffers["dv_sum"] = torch.zeros_like(buffers["dk_sum"])
-    return buffers, row_blocks(first, last, spec.seqlen_k, max(1, work_elements(device) // spec.heads_q))
+    return buffers, row_blocks(first, last, max(1, work_elements(device) // spec.heads_q), spec.head_dim)
 
 
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:
@@ -66,11 +66,11 @@ def naive_attention(case: Case) -> dict[str, torch.Tensor]:
         keys_all = case.k[b].transpose(0, 1).repeat_interleave(group, dim=0)
         values_all = case.v[b].transpose(0, 1).repeat_interleave(group, dim=0)
         for rows, keys in blocks:
+            if keys.stop <= keys.start:  # rows that see no key keep the buffers' values
+                continue
             key_index = torch.arange(keys.start, keys.stop, device=device)
             visible = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
             nonempty = visible.any(-1)
-            if not bool(nonempty.any()):
-                continue
             q_rows = case.q[b, rows].transpose(0, 1)
             k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
             logits = (q_rows @ k_rows.mT) * spec.scale

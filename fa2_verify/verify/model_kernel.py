@@ -85,10 +85,10 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
         keys_all = case.k[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
         values_all = case.v[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
         for rows, keys in blocks:
+            if keys.stop <= keys.start:  # rows that see no key keep the buffers' values
+                continue
             key_index = torch.arange(keys.start, keys.stop, device=device)
             visible = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
-            if not bool(visible.any()):
-                continue
             q_rows = case.q[b, rows].transpose(0, 1).float()
             k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
             logits = (q_rows @ k_rows.mT) * scale

@@ -14,7 +14,9 @@ model's bounds, the naive low-precision attention, the model kernel, and per
 output :func:`verify.metrics.compare` and :func:`verify.noise_verdicts.judge`
 (summed over outputs), and the whole comparison end to end
 (:func:`verify.check.compare_outputs`).  ``--profile`` prints cProfile's top
-functions of one end-to-end comparison.  One JSON line per case.
+functions of one end-to-end comparison, ``--cuda-profile`` its top CUDA
+operators by device time (launch-bound or compute-bound).  ``--cases`` keeps
+only the named cases of ``--scale-set``.  One JSON line per case.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _spec(shape: str, dtype: str) -> CaseSpec:
                     seed=0, backward=True, name=shape)
 
 
-def probe(kernel, spec: CaseSpec, device: str, profile: bool) -> dict:
+def probe(kernel, spec: CaseSpec, device: str, profile: bool, cuda_profile: bool) -> dict:
     case = make_case(spec, device)
     actual = run_case(kernel, case)
     golden = check.golden_for(case)
@@ -73,6 +75,12 @@ def probe(kernel, spec: CaseSpec, device: str, profile: bool) -> dict:
         profiler = cProfile.Profile()
         profiler.runcall(check.compare_outputs, kernel, case, actual, golden)
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+    if cuda_profile and device == "cuda":
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            check.compare_outputs(kernel, case, actual, golden)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=50), flush=True)
     return {"case": spec.name, "dtype": spec.dtype, "seconds": {n: round(t, 3) for n, t in timings.items()},
             "passed": all(c.passed for c in comparisons.values())}
 
@@ -85,16 +93,19 @@ def main() -> None:
     parser.add_argument("--scale-set", action="store_true")
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
+    parser.add_argument("--cases", nargs="*", default=[], help="with --scale-set: only these case names")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--cuda-profile", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     kernel = load_target(args.kernel)
     specs = [_spec(shape, args.dtype) for shape in args.shapes]
     if args.scale_set:
-        specs += list(SCALE_CASES[torch.device(args.device).type])
+        specs += [spec for spec in SCALE_CASES[torch.device(args.device).type]
+                  if not args.cases or spec.name in args.cases]
     for spec in specs:
-        print(json.dumps(probe(kernel, spec, args.device, args.profile)), flush=True)
+        print(json.dumps(probe(kernel, spec, args.device, args.profile, args.cuda_profile)), flush=True)
 
 
 if __name__ == "__main__":

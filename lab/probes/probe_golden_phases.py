@@ -8,7 +8,9 @@ Per shape, forward and backward, float16 (bfloat16 with ``--dtype``):
 fingerprint that seeds the certification's rows), the float64 pass
 (:func:`golden.fast.attention`), the certification
 (:func:`golden.certify.certify`), each synchronised; with ``--profile`` the
-float64 pass's top CUDA operators by time.  Prints one JSON line per shape.
+float64 pass's top CUDA operators by time.  ``--block-overhead N ...`` times
+the float64 pass again with each ``core.row_blocks.OVERHEAD_ELEMENTS`` of
+the device (its block planner's tuning).  Prints one JSON line per shape.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from synced import timed
 
 from fa2_verify import golden
+from fa2_verify.core import row_blocks
 from fa2_verify.golden import certify, fast, inputs
 
 
@@ -37,6 +40,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", default=["1x1x2048x128"])
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--block-overhead", nargs="*", type=int, default=[])
     args = parser.parse_args()
     for shape in args.shapes:
         spec = _parse(shape)
@@ -67,6 +71,9 @@ def main() -> None:
         _, timings["end to end"] = timed(
             args.device, golden.compute, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], options=options
         )
+        for overhead in args.block_overhead:
+            row_blocks.OVERHEAD_ELEMENTS[torch.device(args.device).type] = overhead
+            _, timings[f"float64 pass, overhead {overhead}"] = timed(args.device, fast.attention, problem)
         line = {"shape": shape, "dtype": args.dtype, "seconds": {n: round(t, 3) for n, t in timings.items()},
                 "certified_bound": bounds}
         if args.profile and args.device == "cuda":
