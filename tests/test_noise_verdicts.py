@@ -138,6 +138,37 @@ def test_an_exact_model_and_one_ulp_everywhere_in_a_group_is_not_out_of_line():
     assert noise_verdicts.local("out", noise.r, noise.r_model, judged)["score"] <= 1
 
 
+def test_a_lone_lse_row_in_the_last_tile_is_left_to_the_statistical_verdict():
+    """seqlen_q 65: the last tile of ``lse`` is one element.  Its ``r`` of 2.5 (a tail of legitimate noise,
+    below the statistical threshold 4) was a group of one facing the local verdict's 2 units; groups under
+    MIN_GROUP_ELEMENTS are not judged locally, and the whole head still is."""
+    r = torch.full((1, 1, 65, 1), 0.5, dtype=torch.float64)
+    r[0, 0, 64] = 2.5
+    judged = torch.ones(1, 1, 65, 1, dtype=torch.bool)
+    record = noise_verdicts.local("lse", r, torch.zeros_like(r), judged)
+    assert record["score"] <= 1 and record["flagged"] == {}
+    r[0, 0, :] = 2.5  # a whole head out of line still fails
+    assert noise_verdicts.local("lse", r, torch.zeros_like(r), judged)["flagged"]["head"] == "head 0 of batch 0"
+    assert noise_verdicts.local("lse", r[:, :, :15], torch.zeros_like(r[:, :, :15]), judged[:, :, :15]) is None
+
+
+def test_a_short_last_tile_takes_its_noise_unit_from_the_last_64_tokens():
+    """The unit is the largest of TILE model errors (the statistical threshold is a ratio to it): at seqlen_q
+    65 the lone row 64 takes the largest model error of rows 1-64, not its own alone."""
+    spec = dataclasses.replace(_case().spec, batch=1, seqlen_q=65, seqlen_k=65, heads_q=1, heads_kv=1, head_dim=16)
+    expected = torch.full((1, 65, 1, 16), 0.5, dtype=torch.float64)
+    model = expected.clone()
+    model[0, 1:64, 0] += 2.0**-11
+    noise = noise_verdicts.noise_units(spec, "out", expected, expected, model, torch.ones_like(expected))
+    own = 2.0**-12  # half of float16's ulp at 0.5
+    assert float(noise.unit[0, 0, 64, 0]) == pytest.approx(2.0**-11 + own)
+    assert float(noise.unit[0, 0, 0, 0]) == pytest.approx(2.0**-11 + own)
+    model[0, 1:64, 0] = 0.5
+    model[0, 0, 0] += 2.0**-11  # row 0 lies outside the last 64 tokens
+    noise = noise_verdicts.noise_units(spec, "out", expected, expected, model, torch.ones_like(expected))
+    assert float(noise.unit[0, 0, 64, 0]) == pytest.approx(own)
+
+
 def test_rows_whose_logits_float32_cannot_resolve_to_u_are_left_to_the_worst_case_verdict():
     """Split-KV weights in float32 err by ``u_a |LSE|``, far above ``u`` at logits near -1e5 (eq. 2b): a
     correct kernel's noise the model does not make.  Those rows are outside the premise."""

@@ -11,14 +11,14 @@ instead (docs/error-model.md, "Statistical and local verdicts"):
   correct kernel makes on these inputs;
 * each element's **noise unit** is the larger of the largest model error in
   its tile (:data:`TILE` rows of one batch and head, or keys of one batch and
-  kv head; every channel) and its worst-case bound times the tile's largest
+  kv head; every channel; a shorter last tile takes the last ``TILE`` tokens) and its worst-case bound times the tile's largest
   ratio of model error to bound, plus the element's own last rounding (half an
   ulp of the golden in ``T``; for ``lse``, float32's ulp and the exp and log
   approximations ``u_f (1 + ln n_i)`` of eq. (3));
 * ``r = |actual - golden| / unit``.  **Statistical verdict**: an element with
   ``r > STATISTICAL_THRESHOLD`` is inconsistent with rounding.  **Local
   verdict**: the root mean square of ``r`` over a group (a row, a tile, a head,
-  a batch) above ``LOCAL_RATIO`` times the model's own over the same group
+  a batch, of at least :data:`MIN_GROUP_ELEMENTS` judged elements) above ``LOCAL_RATIO`` times the model's own over the same group
   (at least ``LOCAL_FLOOR``) is an error out of line with rounding: stale
   rows, a dropped key block, a head read from the wrong offset or scaled, a
   lost dQ update.  **Bias verdict** (:func:`bias`, ``out`` only): a head or a
@@ -67,8 +67,10 @@ LOCAL_RATIO = 4.0
 #: one-ulp differences (``r`` at most 2) is not flagged.
 LOCAL_FLOOR = 0.5
 
-#: Smallest group, in elements, of the local verdict's ``row`` kind (a row of ``lse`` is one element).
-MIN_ROW_ELEMENTS = 16
+#: Smallest group, in judged elements, the local verdict judges: the RMS of fewer is no average, and one element
+#: is the statistical verdict's (a group of one would face ``LOCAL_RATIO x LOCAL_FLOOR`` = 2 units where an
+#: element faces :data:`STATISTICAL_THRESHOLD`).  A row of ``lse`` is one element, a one-row last tile of it too.
+MIN_GROUP_ELEMENTS = 16
 
 #: The outputs the bias verdict judges: ``out``, whose rows' scale errors from rounding ``P~`` the model
 #: measures (:func:`bias`).
@@ -222,8 +224,11 @@ def noise_units(spec: CaseSpec, output: str, actual: torch.Tensor, expected: tor
     tokens = expected.shape[2]
 
     def per_tile(values: torch.Tensor) -> torch.Tensor:
-        """The tile maximum of ``values`` at each element."""
-        return _tiles(values).amax(-1).repeat_interleave(TILE, dim=2)[:, :, :tokens, None]
+        """The maximum of ``values`` over each element's tile (:func:`_unit_tile`), at each element."""
+        maxima = _tiles(values).amax(-1)
+        if tokens > TILE and tokens % TILE:
+            maxima[:, :, -1] = values[:, :, -TILE:].amax((-2, -1))
+        return maxima.repeat_interleave(TILE, dim=2)[:, :, :tokens, None]
 
     noise = torch.maximum(per_tile(model_error), bound * per_tile(model_error / bound))
     unit = noise + _own_rounding(spec, output, expected)
@@ -263,8 +268,7 @@ def statistical(output: str, r: torch.Tensor, unit: torch.Tensor, first_batch: i
     at = int(torch.argmax(flat)) if flat.numel() else 0
     worst = float(flat[at]) if flat.numel() else 0.0
     b, h, t, c = (int(i) for i in torch.unravel_index(torch.tensor(at), r.shape)) if flat.numel() else (0, 0, 0, 0)
-    start = t - t % TILE
-    tile = range(start, min(start + TILE, r.shape[2]))
+    tile = _unit_tile(t, r.shape[2])
     return {
         "score": worst / STATISTICAL_THRESHOLD,
         "threshold": STATISTICAL_THRESHOLD,
@@ -275,36 +279,45 @@ def statistical(output: str, r: torch.Tensor, unit: torch.Tensor, first_batch: i
     }
 
 
+def _unit_tile(token: int, tokens: int) -> range:
+    """The tokens whose model errors make ``token``'s noise unit: its tile of :data:`TILE`, or for a shorter
+    last tile the last ``TILE`` tokens, so that every unit is the largest of ``TILE`` model errors where there
+    are as many (the statistical verdict's threshold is a ratio to such a largest error)."""
+    start = token - token % TILE
+    if start + TILE > tokens:
+        start = max(0, tokens - TILE)
+    return range(start, min(start + TILE, tokens))
+
+
 def _group_rms(squares: torch.Tensor, weight: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(RMS, present)`` of ``r`` over ``dims`` counting only active elements; ``present`` marks groups with one."""
+    """``(RMS, present)`` of ``r`` over ``dims`` counting only active elements; ``present`` marks groups with at
+    least :data:`MIN_GROUP_ELEMENTS` of them."""
     count = weight.expand_as(squares).sum(dims)
     total = (squares * weight).sum(dims)
-    return torch.sqrt(total / count.clamp(min=1)), count > 0
+    return torch.sqrt(total / count.clamp(min=1)), count >= MIN_GROUP_ELEMENTS
 
 
 def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Tensor,
           first_batch: int = 0) -> dict[str, Any] | None:
     """The local verdict's record for the most out-of-line group (``score`` above 1 fails), with the most
-    out-of-line group of every kind that fails (``flagged``, kind to name); None when no element is judged.
+    out-of-line group of every kind that fails (``flagged``, kind to name); None when no group is judged.
 
     A group's kernel RMS of ``r`` against the model's own (``r_model``, the model's error in the same units)
     over the same group, counting the elements ``judged`` (:func:`premise`; it leaves out rows that see no
     key and keys no row sees, which are exact): out of line above ``LOCAL_RATIO x max(model RMS,
-    LOCAL_FLOOR)``.  Kinds: ``row`` (one token of one batch and head, every channel; only with at least
-    :data:`MIN_ROW_ELEMENTS` channels), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
+    LOCAL_FLOOR)``, among the groups of at least :data:`MIN_GROUP_ELEMENTS` judged elements.  Kinds: ``row``
+    (one token of one batch and head, every channel), ``tile`` (:data:`TILE` tokens), ``head`` and ``batch``.
     """
     batch, heads, tokens, channels = r.shape
     weight = judged.to(torch.float64)
-    if not bool(weight.any()):
-        return None
     padded_weight = _tiles(weight.expand(*weight.shape[:2], tokens, channels))
     squares, model_squares = r.square(), r_model.square()
     best: dict[str, Any] | None = None
     flagged: dict[str, str] = {}
     for kind in ("row", "tile", "head", "batch"):
-        if kind == "row" and channels < MIN_ROW_ELEMENTS:
-            continue
         rms, present = _group_rms_of(kind, squares, weight, padded_weight)
+        if not bool(present.any()):
+            continue
         model_rms, _ = _group_rms_of(kind, model_squares, weight, padded_weight)
         limit = LOCAL_RATIO * model_rms.clamp(min=LOCAL_FLOOR)
         scores = torch.where(present, rms / limit, 0.0)
@@ -317,8 +330,8 @@ def local(output: str, r: torch.Tensor, r_model: torch.Tensor, judged: torch.Ten
         if best is None or score > best["score"]:
             best = {"score": score, "kind": kind, "group": name, "rms": float(rms.reshape(-1)[at]),
                     "model_rms": float(model_rms.reshape(-1)[at]), "ratio": LOCAL_RATIO, "floor": LOCAL_FLOOR}
-    assert best is not None
-    best["flagged"] = flagged
+    if best is not None:
+        best["flagged"] = flagged
     return best
 
 
