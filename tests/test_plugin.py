@@ -159,7 +159,7 @@ def test_suite_runs_skips_missing_capabilities_and_reports_across_workers(run, p
         [
             "*fa2-verify property suite*",
             f"{2 * budget} examples checked in * s of test time (* examples/s per worker)",
-            "of which the cases compared with the golden spent * s kernel, * s golden, * s comparison",
+            "where it went: inputs * s, kernel * s, golden * s, comparison * s (kernel, golden and comparison of *)",
             "unsupported: 3 properties: forward_only:KERNEL lacks the capability 'backward'",
             "unsupported: 1 property: forward_only:KERNEL lacks the capability 'varlen'",
             f"worst lse in test_lse_within_error_model: * over {budget} examples",

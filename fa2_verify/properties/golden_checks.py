@@ -10,7 +10,7 @@ from hypothesis import note
 
 from fa2_verify.properties import verdicts
 from fa2_verify.properties.session import Suite
-from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.layouts import guarded_case
 from fa2_verify.core.varlen import VarlenSpec, pack
 from fa2_verify.verify.check import check_case, check_varlen
@@ -20,7 +20,7 @@ def against_golden(suite: Suite, spec: CaseSpec, output: str) -> None:
     """``output`` of the kernel within ``THRESHOLDS[output] * B`` of the golden, elementwise."""
     verdicts.introduce(suite, spec)
     label = output
-    result = check_case(suite.kernel, guarded_case(make_case(spec, suite.device)), golden_options=suite.golden_options)
+    result = check_case(suite.kernel, guarded_case(suite.case(spec)), golden_options=suite.golden_options)
     if result.status == "unsupported":
         verdicts.declined(suite, result.reason or "")
     suite.keep(result)
@@ -36,7 +36,7 @@ def finite_where_golden_finite(suite: Suite, spec: CaseSpec) -> None:
     """No output is NaN or Inf where the golden is finite (which includes elements left unwritten)."""
     verdicts.introduce(suite, spec)
     label = "non-finite elements"
-    result = check_case(suite.kernel, guarded_case(make_case(spec, suite.device)), golden_options=suite.golden_options)
+    result = check_case(suite.kernel, guarded_case(suite.case(spec)), golden_options=suite.golden_options)
     if result.status == "unsupported":
         verdicts.declined(suite, result.reason or "")
     suite.keep(result)

@@ -14,7 +14,7 @@ from fa2_verify.properties import relations
 from fa2_verify.properties.session import Suite
 from fa2_verify.properties.verdicts import bounds_of, call_kernel, compare, conclude, introduce
 from fa2_verify.verify import error_model
-from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.contract import GRADIENTS
 from fa2_verify.core.layouts import in_layout
 
@@ -23,7 +23,7 @@ def keys_permuted(suite: Suite, spec: CaseSpec, output: str) -> None:
     """``output(Q, PK, PV) = output(Q, K, V)`` for an unmasked case and a key permutation P."""
     statement = f"{output}(q, k[perm], v[perm]) = {output}(q, k, v)"
     introduce(suite, spec)
-    case = make_case(spec, suite.device)
+    case = suite.case(spec)
     permuted, _ = relations.permute_keys(case)
     runs = call_kernel(suite, spec, output, case, permuted, backward=False)
     tolerance = 2 * bounds_of(suite, case)[output]
@@ -34,7 +34,7 @@ def scores_shifted(suite: Suite, spec: CaseSpec, output: str) -> None:
     """``O(S + t) = O(S)`` and ``LSE(S + t) = LSE(S) + t`` for a per-row shift ``t``."""
     statement = "out(S + t) = out(S)" if output == "out" else "lse(S + t) = lse(S) + t"
     introduce(suite, spec)
-    base, shifted, shift = relations.shift_scores(make_case(spec, suite.device))
+    base, shifted, shift = relations.shift_scores(suite.case(spec))
     runs = call_kernel(suite, spec, output, base, shifted, backward=False)
     tolerance = bounds_of(suite, base)[output] + bounds_of(suite, shifted)[output]
     first = runs[0][output]
@@ -50,8 +50,8 @@ def independent(suite: Suite, spec: CaseSpec, *, batch: int | None = None, head:
     axis = f"batch {batch}" if batch is not None else f"query head {head}"
     statement = f"out of {axis} is independent of the other inputs"
     introduce(suite, spec)
-    case = make_case(spec, suite.device)
-    other = make_case(dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32), suite.device)
+    case = suite.case(spec)
+    other = suite.case(dataclasses.replace(spec, seed=(spec.seed + 1) % 2**32))
     mixed = relations.replace_except(case, other, batch=batch, head=head)
     runs = call_kernel(suite, spec, "out", case, mixed, backward=False)
     if batch is not None:
@@ -72,7 +72,7 @@ def gqa_as_mha(suite: Suite, spec: CaseSpec, outputs: tuple[str, ...]) -> None:
     """
     statement = "gqa(q, k, v) = mha(q, repeat(k), repeat(v))"
     introduce(suite, spec)
-    case = make_case(spec, suite.device)
+    case = suite.case(spec)
     mha = relations.repeat_kv(case)
     runs = call_kernel(suite, spec, outputs[0], case, mha)
     group = spec.heads_q // spec.heads_kv
@@ -96,7 +96,7 @@ def causal_as_window(suite: Suite, spec: CaseSpec) -> None:
     left = spec.window_size[0]
     statement = f"out(causal, window=({left}, *)) = out(window=({left}, 0))"
     introduce(suite, spec)
-    case = make_case(spec, suite.device)
+    case = suite.case(spec)
     windowed = dataclasses.replace(case, spec=dataclasses.replace(spec, causal=False, window_size=(left, 0)))
     runs = call_kernel(suite, spec, "out", case, windowed, backward=False)
     tolerance = 2 * bounds_of(suite, case)["out"]
@@ -107,7 +107,7 @@ def causal_prefix(suite: Suite, spec: CaseSpec, rows: int) -> None:
     """The first ``rows`` rows of a causal output from the first queries and keys alone equal the full call's."""
     statement = f"out(q[:{rows}], k[:{rows}+sk-sq], v[:{rows}+sk-sq]) = out(q, k, v)[:{rows}]"
     introduce(suite, spec)
-    case = make_case(spec, suite.device)
+    case = suite.case(spec)
     runs = call_kernel(suite, spec, "out", case, relations.causal_prefix(case, rows), backward=False)
     tolerance = 2 * bounds_of(suite, case)["out"][:, :rows]
     conclude(suite, spec, statement, [compare("out", runs[0].out[:, :rows], runs[1].out, tolerance)])
@@ -119,7 +119,7 @@ def layout_invariant(suite: Suite, spec: CaseSpec, layout: str) -> None:
     values made contiguous."""
     statement = f"outputs({layout} inputs) = outputs(contiguous inputs)"
     introduce(suite, spec)
-    laid = in_layout(make_case(spec, suite.device), layout)
+    laid = in_layout(suite.case(spec), layout)
     case = in_layout(laid, "contiguous")
     runs = call_kernel(suite, spec, "out", case, laid)
     bounds = bounds_of(suite, case)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 from hypothesis import strategies as st
@@ -32,7 +33,7 @@ from fa2_verify.properties.profiles import Profile
 from fa2_verify.properties.shape_classes import ShapeClasses
 from fa2_verify.core.varlen import VarlenSpec
 from fa2_verify.properties.varlen import varlen_specs
-from fa2_verify.core.case import CaseSpec
+from fa2_verify.core.case import Case, CaseSpec, make_case
 from fa2_verify.verify.metrics import decode_float, encode_float
 from fa2_verify.verify.registry import LoadedKernel
 from fa2_verify.verify.results import CaseResult
@@ -91,6 +92,7 @@ class Suite:
     _worst: dict[str, Worst] = dataclasses.field(default_factory=dict)
     _unsupported: dict[str, int] = dataclasses.field(default_factory=dict)
     _results: list[CaseResult] = dataclasses.field(default_factory=list)
+    _input_seconds: float = 0.0
 
     def __repr__(self) -> str:
         return f"Suite(kernel={self.kernel.name!r}, device={self.device!r}, profile={self.profile.name!r})"
@@ -193,13 +195,13 @@ class Suite:
         self.pacing.ended(error, reproduction)
 
     def end_test(self) -> dict[str, Any]:
-        """The test is over: :meth:`take_observations`, with its example counts (``pacing``), the seconds its
-        cases compared with the golden spent per phase (``phases``: kernel, golden, comparison, summed over the
-        results kept, :meth:`keep`) and, if tracked, its kernel errors (``kernel_errors``, with the kernel's name
+        """The test is over: :meth:`take_observations`, with its example counts (``pacing``), its seconds per
+        phase (``phases``: ``inputs`` built by :meth:`case`, and the kernel, golden and comparison seconds of the
+        cases compared with the golden, summed over the results kept, :meth:`keep`) and, if tracked, its kernel errors (``kernel_errors``, with the kernel's name
         and declared head dims)."""
+        phases = {"inputs": self._input_seconds}
         observed = self.take_observations()
         observed["pacing"] = self.pacing.finish()
-        phases: dict[str, float] = {}
         for result in self._results:
             for phase, seconds in result.seconds.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
@@ -211,6 +213,14 @@ class Suite:
                 "declared": list(self.kernel.capabilities.head_dims_on(self.device)),
             }
         return observed
+
+    def case(self, spec: CaseSpec) -> Case:
+        """The inputs of ``spec`` on the suite's device (:func:`core.case.make_case`), their seconds counted in
+        the test's ``inputs`` phase (:meth:`end_test`)."""
+        started = time.perf_counter()
+        case = make_case(spec, self.device)
+        self._input_seconds += time.perf_counter() - started
+        return case
 
     def keep(self, result: CaseResult) -> None:
         """Keep a comparison against the golden for the test's report (Allure distributions)."""
@@ -227,7 +237,7 @@ class Suite:
             "worst": [worst.to_dict() for worst in self._worst.values()],
             "unsupported": dict(self._unsupported),
         }
-        self._worst, self._unsupported = {}, {}
+        self._worst, self._unsupported, self._input_seconds = {}, {}, 0.0
         return observed
 
 

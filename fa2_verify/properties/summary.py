@@ -3,7 +3,8 @@
 A property needing a capability the kernel lacks (or a kernel that cannot run
 here) is skipped with the reason and counted as unsupported; the summary lists
 those counts, how many examples were checked per second and where the seconds
-of the cases compared with the golden went (kernel, golden, comparison), the examples and
+went (building inputs; the kernel, golden and comparison of the cases compared
+with the golden), the examples and
 kernel errors of each property (:mod:`properties.pacing`,
 :mod:`properties.kernel_errors`) and the worst case found per property.  A run
 in which every property test was skipped so verified nothing: it exits 5, not
@@ -127,8 +128,8 @@ class Summary:
                 f"{self.examples} examples checked in {self.seconds:.1f} s of test time ({rate:.2f} examples/s per worker)"
             )
         if self.phases:
-            spent = ", ".join(f"{seconds:.1f} s {phase}" for phase, seconds in self.phases.items())
-            lines.append(f"of which the cases compared with the golden spent {spent}")
+            spent = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in self.phases.items())
+            lines.append(f"where it went: {spent} (kernel, golden and comparison of the cases compared with the golden)")
         if self.counts is not None:
             lines += self.kernel_errors.lines() + self.counts.lines()
         for reason, properties in sorted(self.unsupported.items()):
