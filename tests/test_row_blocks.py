@@ -21,7 +21,7 @@ MASKS = {
 @pytest.mark.parametrize("name", list(MASKS))
 def test_row_blocks_cover_every_row_once_in_order_with_the_keys_it_sees(name, work):
     """Blocks cover the rows 0..seqlen_q-1 once, in increasing order; each block's span holds every key its
-    rows see, rows that see no key lie in blocks over no key, and a block of several rows stays within
+    rows see, a block over keys holds only rows that see one, the others lie in blocks over no key, and a block of several rows stays within
     ``work`` elements of rows x max(keys, head_dim)."""
     seqlen_q, seqlen_k, mask = MASKS[name]
     spec = CaseSpec(**{"batch": 1, "seqlen_q": seqlen_q, "seqlen_k": seqlen_k, "heads_q": 1, "heads_kv": 1,
@@ -32,10 +32,21 @@ def test_row_blocks_cover_every_row_once_in_order_with_the_keys_it_sees(name, wo
     for rows, keys in blocks:
         sees = first[rows] <= last[rows]
         assert bool((first[rows][sees] >= keys.start).all()) and bool((last[rows][sees] < keys.stop).all())
-        if keys.stop <= keys.start:
+        if keys.stop > keys.start:
+            assert bool(sees.all())  # a block over keys holds only rows that see one
+        else:
             assert not bool(sees.any())
         width = max(keys.stop - keys.start, spec.head_dim)
         assert rows.stop - rows.start == 1 or (rows.stop - rows.start) * width <= work
+
+
+def test_rows_that_see_no_key_between_others_get_blocks_of_their_own():
+    """Ranges that never decrease may leave a row with no key between rows with keys (first 5, last 3): it is
+    put in a block over no key, so a block over keys needs no care for rows that see none."""
+    first, last = torch.tensor([0, 0, 5, 5, 6]), torch.tensor([1, 2, 3, 6, 7])
+    blocks = error_model.row_blocks(first, last, 10**6, 1)
+    assert [(rows.start, rows.stop, keys.start, keys.stop) for rows, keys in blocks] == [
+        (0, 2, 0, 3), (2, 3, 0, 0), (3, 5, 5, 8)]
 
 
 def test_a_narrow_window_at_65537_tokens_takes_few_blocks():

@@ -20,7 +20,7 @@ the case's device, one block of query rows at a time over only the keys those
 rows see (:func:`row_blocks`) and for all the query heads of one kv head at once,
 so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
 float64 a block at a time.  Only the columns of a block that some of its rows
-do not see are masked (:class:`_BlockMask`), and each equation's sums over
+do not see are masked (:class:`core.row_blocks.BlockMask`), and each equation's sums over
 keys are one matrix product of their summed weights (docs/error-model.md,
 "The error model at scale").  When one (batch, kv head) pair is smaller than
 the work budget, a chunk of consecutive pairs (:func:`pairs_per_chunk`) is
@@ -235,22 +235,25 @@ def row_blocks(first: torch.Tensor, last: torch.Tensor, work: int, head_dim: int
     """Blocks of query rows covering every row, each with the span of keys its rows see, in increasing order.
 
     Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.contract.visible_ranges`).
-    The rows that see a key are planned by :func:`core.row_blocks.plan`: at most ``work`` elements
-    ``rows x max(keys, head_dim)`` a block, grown while its cost per visible score falls, so a causal or
-    sliding-window mask skips the keys no row of a block sees, a narrow window takes few blocks and no
-    (seqlen_q x seqlen_k) tensor is ever formed.  The rows before and after them, which see no key, come in
-    blocks of ``work // head_dim`` rows over no key.
+    Each run of rows that see a key (:func:`core.row_blocks.runs`) is planned by :func:`core.row_blocks.plan`:
+    at most ``work`` elements ``rows x max(keys, head_dim)`` a block, grown while its cost per visible score
+    falls, so a causal or sliding-window mask skips the keys no row of a block sees, a narrow window takes few
+    blocks and no (seqlen_q x seqlen_k) tensor is ever formed.  A block over keys therefore holds only rows that
+    see one; the rows that see none come in blocks of ``work // head_dim`` rows over no key.
     """
     first_host, last_host = first.cpu().numpy(), last.cpu().numpy()
-    seen = core_blocks.seen_rows(first_host, last_host)
-    plan = core_blocks.plan(first_host, last_host, work, core_blocks.overhead_elements(first.device), head_dim)
+    overhead = core_blocks.overhead_elements(first.device)
     step = max(1, work // max(head_dim, 1))
-    before = [(slice(start, min(seen.start, start + step)), slice(0, 0)) for start in range(0, seen.start, step)]
-    after = [(slice(start, min(len(first_host), start + step)), slice(0, 0))
-             for start in range(seen.stop, len(first_host), step)]
-    seeing = [(slice(rows.start, rows.stop), slice(int(first_host[rows.start]), int(last_host[rows.stop - 1]) + 1))
-              for rows in plan]
-    return before + seeing + after
+    blocks = []
+    for run, sees in core_blocks.runs(first_host, last_host):
+        if not sees:
+            blocks += [(slice(start, min(run.stop, start + step)), slice(0, 0)) for start in range(run.start, run.stop, step)]
+            continue
+        for rows in core_blocks.plan(first_host[run.start:run.stop], last_host[run.start:run.stop], work, overhead,
+                                     head_dim):
+            start, stop = run.start + rows.start, run.start + rows.stop
+            blocks.append((slice(start, stop), slice(int(first_host[start]), int(last_host[stop - 1]) + 1)))
+    return blocks
 
 
 def rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,66 +350,6 @@ def _largest_finite(expected: torch.Tensor) -> float:
         chunk = flat[start : start + step].to(torch.float64).abs()
         largest = max(largest, float(torch.where(torch.isfinite(chunk), chunk, 0.0).max()))
     return largest
-
-
-@dataclasses.dataclass(frozen=True)
-class _BlockMask:
-    """The mask of one row block over its key span, as column bands: ``full`` (local key indices) is seen by
-    every row of the block and needs no mask; each of ``bands`` is seen by only some rows, ``visible[k]``
-    (rows x band) saying which.  A block of rows that all see every key of their span has no band, so the
-    bounds of an unmasked case never form a mask; a causal or sliding-window block has its partial columns in
-    two narrow bands beside the diagonal(s)."""
-
-    full: slice
-    bands: tuple[slice, ...]
-    visible: tuple[torch.Tensor, ...]
-
-    @classmethod
-    def of(cls, rows: slice, keys: slice, first: torch.Tensor, last: torch.Tensor,
-           first_host: torch.Tensor, last_host: torch.Tensor) -> "_BlockMask":
-        """The bands of block ``(rows, keys)`` (:func:`row_blocks`), from the ranges on the host (no device sync)
-        and, for the bands' masks, on the device."""
-        span = keys.stop - keys.start
-        lo, hi = (int(first_host[rows].max()), int(last_host[rows].min())) if span else (0, -1)
-        # a row that sees no key has first > last, so then lo > hi: the whole span is one band
-        full = slice(lo - keys.start, hi + 1 - keys.start) if lo <= hi else slice(0, 0)
-        edges = [slice(0, full.start), slice(full.stop, span)] if lo <= hi else [slice(0, span)]
-        bands = tuple(band for band in edges if band.stop > band.start)
-        visible = []
-        for band in bands:
-            index = torch.arange(keys.start + band.start, keys.start + band.stop, device=first.device)
-            visible.append((index >= first[rows, None]) & (index <= last[rows, None]))
-        return cls(full, bands, tuple(visible))
-
-    def mask_(self, tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (..., rows, keys) with its elements outside the mask set to 0, in place."""
-        for band, visible in zip(self.bands, self.visible):
-            tensor[..., band].masked_fill_(~visible, 0.0)
-        return tensor
-
-    def row_max(self, values: torch.Tensor) -> torch.Tensor:
-        """``max(0, max_(j visible) values_ij)`` (..., rows, 1), of ``values`` (..., rows, keys)."""
-        largest = values.new_zeros(*values.shape[:-1], 1)
-        if self.full.stop > self.full.start:
-            largest = torch.maximum(largest, values[..., self.full].amax(-1, keepdim=True))
-        for band, visible in zip(self.bands, self.visible):
-            largest = torch.maximum(largest, values[..., band].masked_fill(~visible, 0.0).amax(-1, keepdim=True))
-        return largest
-
-    def key_sums(self, values: torch.Tensor) -> torch.Tensor:
-        """``sum_(j visible from i) values_jc`` (C, rows, d), of ``values`` (C, keys, d)."""
-        total = values[:, self.full].sum(-2, keepdim=True)
-        for band, visible in zip(self.bands, self.visible):
-            total = total + visible.to(values.dtype) @ values[:, band]
-        return total
-
-    def row_sums(self, values: torch.Tensor, span: int) -> torch.Tensor:
-        """``sum_(i that sees j) values_ic`` (C, keys, d) over a span of ``span`` keys, of ``values`` (C, rows, d)."""
-        total = values.new_zeros(values.shape[0], span, values.shape[-1])
-        total[:, self.full] = values.sum(-2, keepdim=True)
-        for band, visible in zip(self.bands, self.visible):
-            total[:, band] = visible.to(values.dtype).mT @ values
-        return total
 
 
 def _scores(rows: torch.Tensor, keys: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
@@ -551,7 +494,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         if dkv_rows is not None:
             query_partials = _QueryBlockPartials(dkv_rows, group, seqlen_k, head_dim, first, last)
         for rows, keys in blocks:
-            mask = _BlockMask.of(rows, keys, first, last, first_host, last_host)
+            mask = core_blocks.BlockMask.of(rows, keys, first, last, first_host, last_host)
             n = n_row[rows]
             nonempty = n > 0
             # (C, keys, head_dim)

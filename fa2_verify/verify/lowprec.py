@@ -11,7 +11,8 @@ It is only used for :func:`verify.metrics.flash_ratio` (docs/error-model.md,
 "Flash-attn ratio"), never for pass/fail decisions.  It runs one block of
 query rows at a time over only the keys those rows see
 (:func:`verify.error_model.row_blocks`), for all query heads of one batch at
-once, so no (seqlen_q x seqlen_k) tensor is formed and the ratio is reported
+once, masked only on the column bands some of its rows do not see, so no
+(seqlen_q x seqlen_k) tensor is formed and the ratio is reported
 at every length, 128k tokens included.  Row blocks change nothing for the
 rows' own outputs (``out``, ``lse``, ``dq``); ``dK`` and ``dV`` sum over every
 row and, with GQA, over the query heads of a group: those sums are kept in
@@ -25,19 +26,23 @@ from __future__ import annotations
 import torch
 
 from fa2_verify.core.case import Case
+from fa2_verify.core.row_blocks import BlockMask
 from fa2_verify.verify.error_model import row_blocks, work_elements
 
 
-def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[slice, slice]]]:
+def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[slice, slice, BlockMask]]]:
     """What an attention computed in row blocks over ``case`` fills, and its blocks.
 
     ``out`` and (with a backward) ``dq`` zeroed like ``q``, ``lse`` (float32) at ``-inf``, and with a
-    backward float32 sums ``dk_sum``, ``dv_sum`` like ``k``; the row blocks of
-    :func:`verify.error_model.row_blocks` for all query heads at once.
+    backward float32 sums ``dk_sum``, ``dv_sum`` like ``k``: the values of rows that see no key.  The blocks
+    are those of :func:`verify.error_model.row_blocks` over keys, for all query heads at once, each with its
+    mask on the column bands some of its rows do not see (:class:`core.row_blocks.BlockMask`); every row of
+    them sees a key.
     """
     spec = case.spec
     device = case.q.device
     first, last = spec.visible_ranges(device)
+    first_host, last_host = first.cpu(), last.cpu()
     buffers = {
         "out": torch.zeros_like(case.q),
         "lse": torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32,
@@ -47,15 +52,18 @@ def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[sli
         buffers["dq"] = torch.zeros_like(case.q)
         buffers["dk_sum"] = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
         buffers["dv_sum"] = torch.zeros_like(buffers["dk_sum"])
-    return buffers, row_blocks(first, last, max(1, work_elements(device) // spec.heads_q), spec.head_dim)
+    blocks = [
+        (rows, keys, BlockMask.of(rows, keys, first, last, first_host, last_host))
+        for rows, keys in row_blocks(first, last, max(1, work_elements(device) // spec.heads_q), spec.head_dim)
+        if keys.stop > keys.start
+    ]
+    return buffers, blocks
 
 
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     """``out``, ``lse`` (float32) and, when the case has a backward, ``dq``, ``dk``, ``dv``."""
     spec = case.spec
     group = spec.heads_q // spec.heads_kv
-    device = case.q.device
-    first, last = spec.visible_ranges(device)
     buffers, blocks = blocked_buffers(case)
     out, lse = buffers["out"], buffers["lse"]
     result = {"out": out, "lse": lse}
@@ -65,21 +73,13 @@ def naive_attention(case: Case) -> dict[str, torch.Tensor]:
         # (heads_q, keys, head_dim): K and V repeated over the query heads of each group
         keys_all = case.k[b].transpose(0, 1).repeat_interleave(group, dim=0)
         values_all = case.v[b].transpose(0, 1).repeat_interleave(group, dim=0)
-        for rows, keys in blocks:
-            if keys.stop <= keys.start:  # rows that see no key keep the buffers' values
-                continue
-            key_index = torch.arange(keys.start, keys.stop, device=device)
-            visible = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
-            nonempty = visible.any(-1)
+        for rows, keys, mask in blocks:
             q_rows = case.q[b, rows].transpose(0, 1)
             k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
-            logits = (q_rows @ k_rows.mT) * spec.scale
-            # rows without a visible key softmax over zeros (finite gradients) and are then zeroed
-            fill = torch.where(nonempty[:, None], float("-inf"), 0.0).to(logits.dtype)
-            logits = torch.where(visible, logits, fill)
-            probs = torch.softmax(logits, dim=-1) * nonempty[:, None].to(logits.dtype)
+            logits = mask.mask_((q_rows @ k_rows.mT) * spec.scale, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
             out[b, rows] = (probs @ v_rows).transpose(0, 1)
-            lse[b, :, rows] = torch.where(nonempty, torch.logsumexp(logits, dim=-1), float("-inf")).float()
+            lse[b, :, rows] = torch.logsumexp(logits, dim=-1).float()
             if not spec.backward:
                 continue
             dout_rows = case.dout[b, rows].transpose(0, 1)

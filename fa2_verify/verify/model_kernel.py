@@ -31,9 +31,9 @@ relative error by which that rounding alone scales row ``i`` of ``O`` (0 for a
 row that sees no key).  The bias verdict's premise asks them to vary from row
 to row like independent errors (:func:`verify.noise_verdicts.bias`).
 
-It runs one block of query rows at a time over the keys they see
-(:func:`verify.lowprec.blocked_buffers`), like :mod:`verify.lowprec`, so no
-(seqlen_q x seqlen_k) tensor is formed.
+It runs one block of query rows at a time over the keys they see, masked on
+the column bands some of them do not see (:func:`verify.lowprec.blocked_buffers`),
+like :mod:`verify.lowprec`, so no (seqlen_q x seqlen_k) tensor is formed.
 """
 
 from __future__ import annotations
@@ -44,23 +44,17 @@ from fa2_verify.core.case import Case
 from fa2_verify.verify.lowprec import blocked_buffers
 
 
-def _softmax_block(logits: torch.Tensor, visible: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
-    """``(O in float32 before its rounding, LSE, scale error)`` of one set of visible keys per row
-    (Algorithm 1's numerics; the scale errors of the module docstring).
-
-    A row with no visible key gives ``O = 0``, ``LSE = -inf`` and scale errors 0.
-    """
-    masked = torch.where(visible, logits, float("-inf"))
-    row_max = masked.amax(-1, keepdim=True)
-    any_visible = visible.any(-1, keepdim=True)
-    row_max = torch.where(any_visible, row_max, 0.0)
-    p = torch.where(visible, torch.exp(masked - row_max), 0.0)
+def _softmax_block(logits: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
+    """``(O in float32 before its rounding, LSE, scale error)`` of one block whose rows each see a key, the
+    keys they do not see at ``-inf`` in ``logits`` (Algorithm 1's numerics; the scale errors of the module
+    docstring)."""
+    row_max = logits.amax(-1, keepdim=True)
+    p = torch.exp(logits - row_max)
     denominator = p.sum(-1, keepdim=True)
     p_rounded = p.to(dtype).float()
-    safe_denominator = torch.where(any_visible, denominator, 1.0)
-    out = torch.where(any_visible, (p_rounded @ values) / safe_denominator, 0.0)
-    lse = torch.where(any_visible, row_max + torch.log(denominator), float("-inf"))[..., 0]
-    scale_error = (p_rounded - p).sum(-1) / safe_denominator[..., 0]
+    out = (p_rounded @ values) / denominator
+    lse = (row_max + torch.log(denominator))[..., 0]
+    scale_error = (p_rounded - p).sum(-1) / denominator[..., 0]
     return out, lse, scale_error
 
 
@@ -70,8 +64,6 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
     spec = case.spec
     dtype, scale = spec.torch_dtype, spec.scale
     group = spec.heads_q // spec.heads_kv
-    device = case.q.device
-    first, last = spec.visible_ranges(device)
     buffers, blocks = blocked_buffers(case)
     out, lse = buffers["out"], buffers["lse"]
     logit_max = torch.zeros_like(lse)
@@ -84,19 +76,16 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
         # (heads_q, keys, head_dim) in float32: the T values, exactly, repeated over the query heads of a group
         keys_all = case.k[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
         values_all = case.v[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
-        for rows, keys in blocks:
-            if keys.stop <= keys.start:  # rows that see no key keep the buffers' values
-                continue
-            key_index = torch.arange(keys.start, keys.stop, device=device)
-            visible = (key_index >= first[rows, None]) & (key_index <= last[rows, None])
+        for rows, keys, mask in blocks:
             q_rows = case.q[b, rows].transpose(0, 1).float()
             k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
             logits = (q_rows @ k_rows.mT) * scale
-            o_rows, lse_rows, scale_errors[b, :, rows] = _softmax_block(logits, visible, v_rows, dtype)
+            logit_max[b, :, rows] = mask.row_max(logits.abs())[..., 0]
+            mask.mask_(logits, float("-inf"))
+            o_rows, lse_rows, scale_errors[b, :, rows] = _softmax_block(logits, v_rows, dtype)
             o_rows = o_rows.to(dtype)
             out[b, rows] = o_rows.transpose(0, 1)
             lse[b, :, rows] = lse_rows
-            logit_max[b, :, rows] = torch.where(visible, logits.abs(), 0.0).amax(-1)
             if not spec.backward:
                 continue
             if given_out is not None:
@@ -105,7 +94,7 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
                 lse_rows = given_lse[b, :, rows].float()
             dout_rows = case.dout[b, rows].transpose(0, 1).float()
             lse_safe = torch.where(torch.isfinite(lse_rows), lse_rows, 0.0)
-            p = torch.where(visible, torch.exp(logits - lse_safe[..., None]), 0.0)
+            p = torch.exp(logits - lse_safe[..., None])  # 0 at the keys a row does not see
             delta = (dout_rows * o_rows.float()).sum(-1, keepdim=True)
             # dS from P rounded to T, the copy dV uses (eq. 6; PyTorch's memory-efficient backward): of the two
             # ways correct kernels form dS the noisier, by eta |dP - D| where P is subnormal in T
