@@ -1,9 +1,10 @@
 """Blocks of query rows for a masked attention evaluated a block at a time over the keys its rows see.
 
 Query ``i`` sees keys ``first[i]..last[i]`` (:func:`core.case.CaseSpec.visible_ranges`),
-both never decreasing with ``i``, so the rows that see a key form one range
-and a block of consecutive rows ``start..stop-1`` spans keys
-``first[start]..last[stop-1]``.  Its ``rows x keys`` scores cost the
+both never decreasing with ``i``, so a block of consecutive rows
+``start..stop-1`` spans keys ``first[start]..last[stop-1]``; under the
+contract's masks the rows that see a key form one range, and :func:`runs`
+splits any other ranges into runs of rows that see a key or none.  Its ``rows x keys`` scores cost the
 arithmetic of those scores plus a fixed cost per block (kernel launches, the
 host's work between them), counted in scores: :data:`OVERHEAD_ELEMENTS`.
 :func:`plan` grows each block, greedily, while its scores stay within a
@@ -93,8 +94,8 @@ class BlockMask:
     @classmethod
     def of(cls, rows: slice, keys: slice, first: torch.Tensor, last: torch.Tensor,
            first_host: torch.Tensor, last_host: torch.Tensor) -> "BlockMask":
-        """The bands of block ``(rows, keys)`` (:func:`verify.error_model.row_blocks`), from the ranges on the host (no device sync)
-        and, for the bands' masks, on the device."""
+        """The bands of block ``(rows, keys)`` (:func:`verify.error_model.row_blocks`), from the ranges on the
+        host (no device sync) and, for the bands' masks, on the device."""
         span = keys.stop - keys.start
         lo, hi = (int(first_host[rows].max()), int(last_host[rows].min())) if span else (0, -1)
         # a row that sees no key has first > last, so then lo > hi: the whole span is one band

@@ -20,8 +20,8 @@ the case's device, one block of query rows at a time over only the keys those
 rows see (:func:`row_blocks`) and for all the query heads of one kv head at once,
 so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
 float64 a block at a time.  Only the columns of a block that some of its rows
-do not see are masked (:class:`core.row_blocks.BlockMask`), and each equation's sums over
-keys are one matrix product of their summed weights (docs/error-model.md,
+do not see are masked (:class:`core.row_blocks.BlockMask`), and each
+equation's sums over keys are one matrix product of their summed weights (docs/error-model.md,
 "The error model at scale").  When one (batch, kv head) pair is smaller than
 the work budget, a chunk of consecutive pairs (:func:`pairs_per_chunk`) is
 evaluated at once, every per-pair tensor gaining a leading pair dimension, so
@@ -247,7 +247,8 @@ def row_blocks(first: torch.Tensor, last: torch.Tensor, work: int, head_dim: int
     blocks = []
     for run, sees in core_blocks.runs(first_host, last_host):
         if not sees:
-            blocks += [(slice(start, min(run.stop, start + step)), slice(0, 0)) for start in range(run.start, run.stop, step)]
+            blocks += [(slice(start, min(run.stop, start + step)), slice(0, 0))
+                       for start in range(run.start, run.stop, step)]
             continue
         for rows in core_blocks.plan(first_host[run.start:run.stop], last_host[run.start:run.stop], work, overhead,
                                      head_dim):
