@@ -16,7 +16,6 @@ import torch
 
 from fa2_verify import golden
 from tests import naive
-from fa2_verify.core import row_blocks
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import visible_mask
 from fa2_verify.core.errors import GoldenError, KernelLoadError
@@ -468,8 +467,8 @@ def _dense_bounds(case, result) -> dict[str, torch.Tensor]:
     }
 
 
-#: Masked cases whose row blocks, 5 rows each, hold both columns every row sees and partial bands
-#: (row_blocks.BlockMask); seqlen_q > seqlen_k leaves rows that see no key.
+#: Masked cases whose small row blocks hold both columns every row sees and partial bands
+#: (core.row_blocks.BlockMask); seqlen_q > seqlen_k leaves rows that see no key.
 BLOCKED = [
     CaseSpec(batch=2, seqlen_q=23, seqlen_k=23, heads_q=4, heads_kv=2, head_dim=16, dtype="float16", causal=True,
              seed=11),
@@ -498,8 +497,8 @@ def test_bounds_in_row_blocks_equal_the_dense_equations(monkeypatch, spec):
     group = spec.heads_q // spec.heads_kv
     monkeypatch.setitem(error_model.WORK_ELEMENTS, "cpu", 5 * group * spec.seqlen_k)
     first, last = spec.visible_ranges("cpu")
-    blocks = error_model.row_blocks(first, last, 5 * spec.seqlen_k, spec.head_dim)
-    masks = [row_blocks.BlockMask.of(rows, keys, first, last, first, last) for rows, keys in blocks]
+    blocks = error_model.masked_row_blocks(first, last, 5 * spec.seqlen_k, spec.head_dim)
+    masks = [mask for *_, mask in blocks]
     assert len(blocks) >= 3 and any(mask.full.stop > mask.full.start for mask in masks)
     assert any(mask.bands and mask.full.stop > mask.full.start for mask in masks) == (spec.causal or spec.window_size != (-1, -1))
     blocked = first_order_bounds(case, result)

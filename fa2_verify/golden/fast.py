@@ -13,7 +13,7 @@ rows are as many as keep ``rows x keys`` within ``BLOCK_ELEMENTS`` while the
 cost per visible score falls (:func:`blocks`, :func:`core.row_blocks.plan`), so a causal head's early blocks,
 over few keys, hold many rows and a long head takes few kernel launches.  The
 keys seen by every row of a block need no mask; only the column bands beside
-them are masked (:func:`_hidden`), and every step below is a full pass over
+them are masked (:class:`core.row_blocks.BlockMask`), and every step below is a full pass over
 the block only where its arithmetic needs one:
 
 1. ``S' = Q (sign K)^T`` as a pair ``hi + lo`` by :func:`golden.eft.dd_matmul`
@@ -93,34 +93,38 @@ class FastResult:
 
 @dataclasses.dataclass(frozen=True)
 class _Block:
-    """Query rows ``rows`` over keys ``keys``; ``bands``: the column slices (relative to ``keys``) holding
-    every key that some row of the block does not see, none when every row sees every one of those keys."""
+    """Query rows ``rows`` over keys ``keys``; ``mask``: the column bands of keys that some row does not see
+    (:class:`core.row_blocks.BlockMask`, none when every row sees every one of those keys); ``empty``: the rows
+    that see no key of the block, on the golden's device."""
 
     rows: slice
     keys: slice
-    bands: tuple[slice, ...]
+    mask: row_blocks.BlockMask
+    empty: torch.Tensor
+
+    @property
+    def bands(self) -> tuple[slice, ...]:
+        return self.mask.bands
 
     @property
     def full(self) -> bool:
-        return not self.bands
+        return not self.mask.bands
 
 
 def blocks(problem: HeadMajorInputs) -> list[_Block]:
-    """The row blocks of one head, rows that see no key skipped, each over the span of keys its rows see:
-    :func:`core.row_blocks.plan` within ``BLOCK_ELEMENTS`` scores."""
+    """The row blocks of one head, rows that see no key skipped, each over the span of keys its rows see
+    (:func:`core.row_blocks.plan` within ``BLOCK_ELEMENTS`` scores), with its mask, built once for every pair."""
     plan = row_blocks.plan(problem.first, problem.last, BLOCK_ELEMENTS[problem.device.type],
                            row_blocks.overhead_elements(problem.device))
-    return [_block(problem, rows.start, rows.stop) for rows in plan]
-
-
-def _block(problem: HeadMajorInputs, start: int, stop: int) -> _Block:
-    """Rows ``start:stop`` over the keys they see; the keys in ``[first[stop - 1], last[start]]`` are seen by
-    every row, the bands left and right of them need the mask (one band when that range is empty)."""
-    keys = slice(int(problem.first[start]), int(problem.last[stop - 1]) + 1)
-    width = keys.stop - keys.start
-    left, right = int(problem.first[stop - 1]) - keys.start, int(problem.last[start]) + 1 - keys.start
-    bands = (slice(0, width),) if left >= right else (slice(0, left), slice(right, width))
-    return _Block(slice(start, stop), keys, tuple(band for band in bands if band.stop > band.start))
+    first, last = problem.device_ranges
+    first_host, last_host = torch.from_numpy(problem.first), torch.from_numpy(problem.last)
+    result = []
+    for plan_rows in plan:
+        rows = slice(plan_rows.start, plan_rows.stop)
+        keys = slice(int(problem.first[rows.start]), int(problem.last[rows.stop - 1]) + 1)
+        mask = row_blocks.BlockMask.of(rows, keys, first, last, first_host, last_host)
+        result.append(_Block(rows, keys, mask, first[rows] > last[rows]))
+    return result
 
 
 def pairs_per_chunk(seqlen_q: int, seqlen_k: int, head_dim: int, device: torch.device | str) -> int:
@@ -163,7 +167,6 @@ def attention(problem: HeadMajorInputs) -> FastResult:
         dq, delta, offset = torch.zeros_like(out), torch.zeros_like(lse_lo), torch.zeros_like(lse_lo)
         dk, dv = torch.zeros_like(problem.k), torch.zeros_like(problem.v)
     plan = blocks(problem)
-    first, last = problem.device_ranges
     group = problem.group
     for b, g in pair_chunks(problem):
         k, v = problem.k[b, g], problem.v[b, g]
@@ -173,9 +176,8 @@ def attention(problem: HeadMajorInputs) -> FastResult:
             h = slice(g.start * group + member, g.stop * group, group)
             for block in plan:
                 rows_, keys = block.rows, block.keys
-                hidden, empty = _hidden(block, first, last)
                 q = problem.q[b, h, rows_]
-                head = _forward(q, k[..., keys, :], v[..., keys, :], hidden, empty, problem.scale)
+                head = _forward(q, k[..., keys, :], v[..., keys, :], block, problem.scale)
                 out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
                 lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
                 if not backward:
@@ -212,37 +214,13 @@ class _Backward:
     offset: torch.Tensor
 
 
-def _hidden(
-    block: _Block, first: torch.Tensor, last: torch.Tensor
-) -> tuple[list[tuple[slice, torch.Tensor]], torch.Tensor]:
-    """For each band of ``block``, its columns and where a row does not see the key (bool rows x band); and
-    the rows that see no key of the block.  ``first``, ``last``: every query's visible keys, on the device."""
-    rows = block.rows.stop - block.rows.start
-    if block.full:
-        return [], torch.zeros(rows, dtype=torch.bool, device=first.device)
-    first, last = first[block.rows, None], last[block.rows, None]
-    hidden = []
-    for band in block.bands:
-        j = torch.arange(block.keys.start + band.start, block.keys.start + band.stop, device=first.device)
-        hidden.append((band, (j < first) | (j > last)))
-    return hidden, (first > last).squeeze(-1)
-
-
-def _hide(scores: torch.Tensor, hidden: list[tuple[slice, torch.Tensor]]) -> None:
-    """``-inf`` where a row does not see the key, in place, on the bands only."""
-    for band, mask in hidden:
-        scores[..., band].masked_fill_(mask, -torch.inf)
-
-
-def _forward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: list[tuple[slice, torch.Tensor]], empty: torch.Tensor,
-    scale: float,
-) -> _Forward:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
     """Steps 1-3 for one block: ``q`` (..., rows, head_dim), ``k``/``v`` (..., keys, head_dim) with the same
-    leading (pair) dimensions; ``hidden`` (:func:`_hidden`) and ``empty`` (rows) shared by every pair."""
+    leading (pair) dimensions; ``block``'s mask and empty rows shared by every pair."""
     magnitude = abs(scale)
+    empty = block.empty
     s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).mT))
-    _hide(s_hi, hidden)
+    block.mask.mask_(s_hi, -torch.inf)
     pivot = torch.argmax(s_hi, dim=-1)
     at = pivot[..., None]
     row_max = torch.where(empty, 0.0, s_hi.gather(-1, at).squeeze(-1))
@@ -250,7 +228,7 @@ def _forward(
     logits = s_hi.sub_(row_max[..., None]).add_(s_lo).mul_(magnitude)
     del s_lo
     if magnitude == 0.0:
-        _hide(logits, hidden)
+        block.mask.mask_(logits, -torch.inf)
     at_pivot = torch.where(empty, 0.0, logits.gather(-1, at).squeeze(-1))
     e = logits.exp_()
     e.scatter_(-1, at, 0.0)

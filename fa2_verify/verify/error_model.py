@@ -257,6 +257,16 @@ def row_blocks(first: torch.Tensor, last: torch.Tensor, work: int, head_dim: int
     return blocks
 
 
+def masked_row_blocks(
+    first: torch.Tensor, last: torch.Tensor, work: int, head_dim: int
+) -> list[tuple[slice, slice, core_blocks.BlockMask]]:
+    """:func:`row_blocks`, each with its mask on the column bands some of its rows do not see
+    (:class:`core.row_blocks.BlockMask`), built once for every pass over the blocks."""
+    first_host, last_host = first.cpu(), last.cpu()
+    return [(rows, keys, core_blocks.BlockMask.of(rows, keys, first, last, first_host, last_host))
+            for rows, keys in row_blocks(first, last, work, head_dim)]
+
+
 def rows_seeing_keys(first: torch.Tensor, last: torch.Tensor, seqlen_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first_row, last_row)``, int64 (seqlen_k,): the queries that see key ``j`` are ``first_row[j]..last_row[j]``.
 
@@ -441,7 +451,6 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         return tensor.detach().to(device, torch.float64)
 
     first, last = spec.visible_ranges(device)
-    first_host, last_host = first.cpu(), last.cpu()
     n_row = (last - first + 1).clamp(min=0).to(torch.float64)
     first_row, last_row = rows_seeing_keys(first, last, seqlen_k)
     n_key = group * (last_row - first_row + 1).clamp(min=0).to(torch.float64)
@@ -471,7 +480,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     # the query heads of one kv head share its keys: a block holds all of them; with a leading pair dimension C,
     # a chunk of consecutive (batch, kv head) pairs p = b * heads_kv + g is evaluated at once
     work = max(1, work_elements(device) // group)
-    blocks = row_blocks(first, last, work, head_dim)
+    blocks = masked_row_blocks(first, last, work, head_dim)
     dkv_rows = partials.dkv_rows if backward else None
     per_pair = dkv_rows is not None
     signed_ds = backward and (per_pair or partials.dq_keys is not None)
@@ -494,8 +503,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         b, g = pair.div(heads_kv, rounding_mode="floor"), pair % heads_kv
         if dkv_rows is not None:
             query_partials = _QueryBlockPartials(dkv_rows, group, seqlen_k, head_dim, first, last)
-        for rows, keys in blocks:
-            mask = core_blocks.BlockMask.of(rows, keys, first, last, first_host, last_host)
+        for rows, keys, mask in blocks:
             n = n_row[rows]
             nonempty = n > 0
             # (C, keys, head_dim)

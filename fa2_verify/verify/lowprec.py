@@ -10,7 +10,7 @@ kernel contract asks.
 It is only used for :func:`verify.metrics.flash_ratio` (docs/error-model.md,
 "Flash-attn ratio"), never for pass/fail decisions.  It runs one block of
 query rows at a time over only the keys those rows see
-(:func:`verify.error_model.row_blocks`), for all query heads of one batch at
+(:func:`verify.error_model.masked_row_blocks`), for all query heads of one batch at
 once, masked only on the column bands some of its rows do not see, so no
 (seqlen_q x seqlen_k) tensor is formed and the ratio is reported
 at every length, 128k tokens included.  Row blocks change nothing for the
@@ -27,7 +27,7 @@ import torch
 
 from fa2_verify.core.case import Case
 from fa2_verify.core.row_blocks import BlockMask
-from fa2_verify.verify.error_model import row_blocks, work_elements
+from fa2_verify.verify.error_model import masked_row_blocks, work_elements
 
 
 def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[slice, slice, BlockMask]]]:
@@ -35,14 +35,12 @@ def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[sli
 
     ``out`` and (with a backward) ``dq`` zeroed like ``q``, ``lse`` (float32) at ``-inf``, and with a
     backward float32 sums ``dk_sum``, ``dv_sum`` like ``k``: the values of rows that see no key.  The blocks
-    are those of :func:`verify.error_model.row_blocks` over keys, for all query heads at once, each with its
-    mask on the column bands some of its rows do not see (:class:`core.row_blocks.BlockMask`); every row of
-    them sees a key.
+    are those of :func:`verify.error_model.masked_row_blocks` over keys, for all query heads at once, each with
+    its mask on the column bands some of its rows do not see; every row of them sees a key.
     """
     spec = case.spec
     device = case.q.device
     first, last = spec.visible_ranges(device)
-    first_host, last_host = first.cpu(), last.cpu()
     buffers = {
         "out": torch.zeros_like(case.q),
         "lse": torch.full((spec.batch, spec.heads_q, spec.seqlen_q), float("-inf"), dtype=torch.float32,
@@ -52,11 +50,8 @@ def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[sli
         buffers["dq"] = torch.zeros_like(case.q)
         buffers["dk_sum"] = torch.zeros(case.k.shape, dtype=torch.float32, device=device)
         buffers["dv_sum"] = torch.zeros_like(buffers["dk_sum"])
-    blocks = [
-        (rows, keys, BlockMask.of(rows, keys, first, last, first_host, last_host))
-        for rows, keys in row_blocks(first, last, max(1, work_elements(device) // spec.heads_q), spec.head_dim)
-        if keys.stop > keys.start
-    ]
+    work = max(1, work_elements(device) // spec.heads_q)
+    blocks = [block for block in masked_row_blocks(first, last, work, spec.head_dim) if block[1].stop > block[1].start]
     return buffers, blocks
 
 
