@@ -303,9 +303,8 @@ def _check_reference(
             precision_bits,
         )
         _compare_with_mpmath(bounds, reference, expected, precision_bits)
-    failed = {name: bound.relative() for name, bound in bounds.items() if not bound.relative() <= REFERENCE_LIMIT}
-    if failed:
-        detail = ", ".join(f"{name}={value:.3g}" for name, value in failed.items())
+    detail = _above({name: bound.relative() for name, bound in bounds.items()}, REFERENCE_LIMIT)
+    if detail:
         raise GoldenError(
             f"the certification's double-double reference rows disagree with mpmath: {detail} above "
             f"{REFERENCE_LIMIT:.3g}; compute this case with GoldenOptions(method='mpmath')"
@@ -399,10 +398,14 @@ def _require_finite(problem: HeadMajorInputs, fast: FastResult) -> None:
             )
 
 
+def _above(observed: dict[str, float], limit: float) -> str:
+    """``name=value`` of each observed bound above ``limit`` (NaN included), comma-separated; "" when none is."""
+    return ", ".join(f"{name}={value:.3g}" for name, value in observed.items() if not value <= limit)
+
+
 def _enforce(observed: dict[str, float]) -> None:
-    failed = {name: value for name, value in observed.items() if not value <= LIMIT}
-    if failed:
-        detail = ", ".join(f"{name}={value:.3g}" for name, value in failed.items())
+    detail = _above(observed, LIMIT)
+    if detail:
         raise GoldenError(
             f"the fast golden failed certification against its reference rows: {detail} above the limit {LIMIT:.3g}; "
             "compute this case with GoldenOptions(method='mpmath')"

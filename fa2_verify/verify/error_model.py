@@ -459,7 +459,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     filled = gamma(n_row.clamp(max=out_splits))
     # per-head partials of dK and dV may be rounded to T before the group sum (flash-attn 2)
     u_group = u if group > 1 else 0.0
-    out = on_device(golden.out)
+    out, lse = on_device(golden.out), on_device(golden.lse)
     if backward:
         gamma_head, gamma_dq = gamma(head_dim), gamma(n_row + 2)
         gamma_dv, gamma_dk = gamma(n_key + group), gamma(n_key + group + 2)
@@ -469,7 +469,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         eta_centered, eta_ds = eta + eta_a, eta + eta_a * (2 * head_dim + 2)
 
     bound_out = torch.empty_like(out)
-    bound_lse = torch.empty_like(on_device(golden.lse))
+    bound_lse = torch.empty_like(lse)
     if backward:
         bound_dq = torch.empty_like(out)
         dv_error = torch.zeros(batch, seqlen_k, heads_kv, head_dim, dtype=torch.float64, device=device)
@@ -492,7 +492,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
 
     q_pairs = by_pair(case.q, 2)
     out_pairs, bound_out_pairs = by_pair(out, 2), by_pair(bound_out, 2)
-    lse_pairs, bound_lse_pairs = by_pair(on_device(golden.lse), 1), by_pair(bound_lse, 1)
+    lse_pairs, bound_lse_pairs = by_pair(lse, 1), by_pair(bound_lse, 1)
     if backward:
         dq_pairs, bound_dq_pairs = by_pair(dq_expected, 2), by_pair(bound_dq, 2)
         dout_pairs = by_pair(case.dout, 2)
