@@ -197,8 +197,8 @@ class Suite:
     def end_test(self) -> dict[str, Any]:
         """The test is over: :meth:`take_observations`, with its example counts (``pacing``), its seconds per
         phase (``phases``: ``inputs`` built by :meth:`case`, and the kernel, golden and comparison seconds of the
-        cases compared with the golden, summed over the results kept, :meth:`keep`) and, if tracked, its kernel errors (``kernel_errors``, with the kernel's name
-        and declared head dims)."""
+        cases compared with the golden, summed over the results kept, :meth:`keep`) and, if tracked, its kernel
+        errors (``kernel_errors``, with the kernel's name and declared head dims)."""
         phases = {"inputs": self._input_seconds}
         observed = self.take_observations()
         observed["pacing"] = self.pacing.finish()

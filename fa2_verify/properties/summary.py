@@ -63,7 +63,7 @@ class Summary:
                 observed = json.loads(value)
                 records = observed["worst"]
                 self.examples += max((record["examples"] for record in records), default=0)
-                for phase, seconds in observed.get("phases", {}).items():
+                for phase, seconds in observed["phases"].items():
                     self.phases[phase] = self.phases.get(phase, 0.0) + seconds
                 for reason, count in observed["unsupported"].items():
                     self.declined[reason] = self.declined.get(reason, 0) + count

@@ -11,14 +11,16 @@ instead (docs/error-model.md, "Statistical and local verdicts"):
   correct kernel makes on these inputs;
 * each element's **noise unit** is the larger of the largest model error in
   its tile (:data:`TILE` rows of one batch and head, or keys of one batch and
-  kv head; every channel; a shorter last tile takes the last ``TILE`` tokens) and its worst-case bound times the tile's largest
-  ratio of model error to bound, plus the element's own last rounding (half an
+  kv head; every channel; a shorter last tile takes the last ``TILE`` tokens)
+  and its worst-case bound times the tile's largest ratio of model error to
+  bound, plus the element's own last rounding (half an
   ulp of the golden in ``T``; for ``lse``, float32's ulp and the exp and log
   approximations ``u_f (1 + ln n_i)`` of eq. (3));
 * ``r = |actual - golden| / unit``.  **Statistical verdict**: an element with
   ``r > STATISTICAL_THRESHOLD`` is inconsistent with rounding.  **Local
   verdict**: the root mean square of ``r`` over a group (a row, a tile, a head,
-  a batch, of at least :data:`MIN_GROUP_ELEMENTS` judged elements) above ``LOCAL_RATIO`` times the model's own over the same group
+  a batch, of at least :data:`MIN_GROUP_ELEMENTS` judged elements) above
+  ``LOCAL_RATIO`` times the model's own over the same group
   (at least ``LOCAL_FLOOR``) is an error out of line with rounding: stale
   rows, a dropped key block, a head read from the wrong offset or scaled, a
   lost dQ update.  **Bias verdict** (:func:`bias`, ``out`` only): a head or a
