@@ -5,7 +5,7 @@ judged only by the product's check (:func:`fa2_verify.verify.check.check_case`: 
 the error model).
 
 ``out = softmax(scale · q k^T + mask) v`` and ``lse = logsumexp(scale · q k^T + mask)``
-in contract layout, bottom-right masks (:func:`core.contract.visible_mask`),
+in contract layout, bottom-right masks unless asked (:func:`core.contract.visible_mask`),
 query head ``h`` reading kv head ``h // (heads_q // heads_kv)``.  A row that
 sees no key gives ``out = 0`` and ``lse = -inf``, and its gradients are 0 (the
 logsumexp of such a row is taken over zeros, so no NaN enters autograd).
@@ -15,17 +15,18 @@ from __future__ import annotations
 
 import torch
 
-from fa2_verify.core.contract import UNBOUNDED, visible_mask
+from fa2_verify.core.contract import BOTTOM_RIGHT, UNBOUNDED, visible_mask
 
 
-def attention(q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED)):
-    """``(out, lse)`` in float64 (differentiable through q, k, v)."""
+def attention(q, k, v, *, softmax_scale, causal=False, window_size=(UNBOUNDED, UNBOUNDED), alignment=BOTTOM_RIGHT):
+    """``(out, lse)`` in float64 (differentiable through q, k, v); the mask ``alignment``-aligned."""
     heads_q, heads_kv = q.shape[2], k.shape[2]
     kv_heads = torch.arange(heads_q, device=q.device) // (heads_q // heads_kv)
     qh = q.transpose(1, 2).double()
     kh = k.transpose(1, 2)[:, kv_heads].double()
     vh = v.transpose(1, 2)[:, kv_heads].double()
-    visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size, device=q.device)
+    visible = visible_mask(q.shape[1], k.shape[1], causal=causal, window_size=window_size, alignment=alignment,
+                           device=q.device)
     empty = ~visible.any(dim=1)
     s = (qh @ kh.transpose(-1, -2)) * softmax_scale
     s = s.masked_fill(~visible, float("-inf"))

@@ -9,6 +9,7 @@ import torch
 from fa2_verify.core.case import CaseSpec, make_case
 from fa2_verify.core.contract import visible_mask
 from fa2_verify.verify import error_model, lowprec, model_kernel
+from tests import naive
 
 SPECS = {
     "causal-sq>sk-gqa": dict(seqlen_q=41, seqlen_k=23, heads_q=4, heads_kv=2, causal=True),
@@ -30,21 +31,13 @@ def _visible(spec: CaseSpec) -> torch.Tensor:
 
 
 def _dense(case):
-    """``out``, ``lse``, ``dq``, ``dk``, ``dv`` of the dense masked attention in float64 (autograd), 0 and -inf
-    for rows that see no key."""
+    """``out``, ``lse``, ``dq``, ``dk``, ``dv`` of the dense masked attention in float64 (:mod:`tests.naive`)."""
     spec = case.spec
-    group = spec.heads_q // spec.heads_kv
-    visible = _visible(spec)
-    q, k, v = (t.double().transpose(1, 2).requires_grad_() for t in (case.q, case.k, case.v))
-    k_heads, v_heads = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    logits = (q @ k_heads.mT * spec.scale).masked_fill(~visible, float("-inf"))
-    seen = visible.any(-1)[:, None]
-    probs = torch.softmax(logits, -1).nan_to_num(0.0)
-    out = probs @ v_heads
-    lse = torch.where(seen[:, 0], torch.logsumexp(logits, -1), float("-inf"))
-    out.backward(case.dout.double().transpose(1, 2))
-    return {"out": out.transpose(1, 2), "lse": lse, "dq": q.grad.transpose(1, 2), "dk": k.grad.transpose(1, 2),
-            "dv": v.grad.transpose(1, 2)}
+    mask = {"softmax_scale": spec.scale, "causal": spec.causal, "window_size": spec.window_size,
+            "alignment": spec.causal_alignment}
+    out, lse = naive.attention(case.q, case.k, case.v, **mask)
+    dq, dk, dv = naive.attention_grads(case.dout, case.q, case.k, case.v, **mask)
+    return {"out": out, "lse": lse, "dq": dq, "dk": dk, "dv": dv}
 
 
 @pytest.mark.parametrize("attention", [lowprec.naive_attention, model_kernel.model_attention],
