@@ -223,8 +223,10 @@ def test_gate_passes_its_own_baseline_twice_identically_and_fails_a_doubled_out_
     assert code == 1
     out = capsys.readouterr().out
     regressions = [line for line in out.splitlines() if line.startswith("  REGRESSION")]
-    for group in ("float16/out/causal+mqa", "float16/out/window+gqa", "float32/out/none", "float32/out/window+mqa"):
+    for group in ("float16/out/causal+mqa", "float16/out/window+gqa", "float32/out/window+mqa"):
         assert any(line.startswith(f"  REGRESSION quantile-rise: {group} normalized: ") for line in regressions)
+    # float32/out/none's largest error is below 0.01 of its bound: doubled, it stays under the gate's floor
+    assert not any(line.startswith("  REGRESSION quantile-rise: float32/out/none normalized: ") for line in regressions)
     assert not any("/lse/" in line or "/dv/" in line for line in regressions)
     assert "FAILED" in markdown.read_text()
 

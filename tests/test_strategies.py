@@ -291,7 +291,9 @@ def test_far_below_zero_rows_reach_minus_a_million_beside_ordinary_rows(dtype, s
     far = top < -80
     assert 0.6 < float(far.double().mean()) < 0.9 and float(top[~far].abs().max()) < 40
     assert float(top.min()) < -1e5 and float(top[far].max()) > -200
-    assert float(((top - bottom) / top.abs())[far].max()) < 2**-6
+    # a far row's scores spread by PLATEAU_SPREAD |noise of q| / sqrt(head_dim) per key: about 0.25, up to
+    # about 0.35 on the rows of largest noise, so a range below 8 of those (2.8) over 40 keys, under 2^-5 of 90
+    assert float(((top - bottom) / top.abs())[far].max()) < 2**-5
 
 
 def test_far_below_zero_reach_follows_float16_range():

@@ -161,7 +161,7 @@ class CaseSpec:
         return f"fa2-verify repro --kernel {kernel}{where} --case '{json.dumps(self.to_dict(), sort_keys=True)}'"
 
 
-#: Largest seed + 1: ``torch.Generator.manual_seed`` takes a 64-bit unsigned seed.
+#: Largest seed + 1: :class:`core.counter_rng.CounterRNG` keys on a 64-bit unsigned seed.
 SEED_LIMIT = 2**64
 
 #: Largest size + 1: a tensor dimension is a signed 64-bit integer in PyTorch.
@@ -319,6 +319,7 @@ class Case:
 
 
 def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:
-    """Build the inputs of ``spec`` (generated in float64, rounded once to the dtype)."""
-    q, k, v, dout = (t.to(spec.torch_dtype).to(device) for t in values.generate(spec))
+    """Build the inputs of ``spec`` on ``device`` (generated there in float64, the same values on every device,
+    rounded once to the dtype)."""
+    q, k, v, dout = (t.to(spec.torch_dtype) for t in values.generate(spec, device))
     return Case(spec=spec, q=q, k=k, v=v, dout=dout)

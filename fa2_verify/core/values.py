@@ -5,9 +5,16 @@ its spec alone (the gate corpus stores only specs).  Hypothesis strategies in
 :mod:`properties` choose a generator name and a seed; they never draw tensor
 entries one by one.  Adversarial generators document the bug class they target.
 
-A generator takes the case spec and a ``torch.Generator`` (CPU) and returns
-float64 tensors ``(q, k, v, dout)`` in contract layout; the caller rounds them
-to the case dtype, so the golden sees exactly what the kernel sees.
+A generator takes the case spec and a :class:`~core.counter_rng.CounterRNG`
+and returns float64 tensors ``(q, k, v, dout)`` in contract layout on the
+generator's device; the caller rounds them to the case dtype, so the golden
+sees exactly what the kernel sees.  The values are the same bits on every
+device: the full-size tensors are built on the device from the counter-based
+draws with exact or single correctly rounded operations only (a sum over the
+head dim in a fixed order, :func:`_channel_sum`; a power of two from its
+bits, :func:`_power_of_two`), and whatever needs ``exp``, ``log``, a norm or
+a sort, or a division by a number (CUDA multiplies by its reciprocal instead),
+is computed on the host on per-row or per-head tensors and then moved.
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from fa2_verify.core.counter_rng import CounterRNG
+
 if TYPE_CHECKING:
     from fa2_verify.core.case import CaseSpec
 
+#: Version of the values a spec names: 1, torch's CPU generator; 2, :class:`~core.counter_rng.CounterRNG`
+#: on the case's device.  Part of the gate corpus's digest (:meth:`verify.corpus.Corpus.digest`).
+VALUES_VERSION = 2
+
 Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-Generator = Callable[["CaseSpec", torch.Generator], Tensors]
+Generator = Callable[["CaseSpec", CounterRNG], Tensors]
 
 GENERATORS: dict[str, Generator] = {}
 
@@ -45,27 +58,26 @@ def shapes(spec: "CaseSpec") -> tuple[tuple[int, ...], ...]:
     return q, kv, kv, q
 
 
-def _draw(spec: "CaseSpec", rng: torch.Generator, sample: Callable[[tuple[int, ...]], torch.Tensor]) -> Tensors:
+def _draw(spec: "CaseSpec", sample: Callable[[tuple[int, ...]], torch.Tensor]) -> Tensors:
     return tuple(sample(shape) for shape in shapes(spec))  # type: ignore[return-value]
 
 
 @register("normal")
-def normal(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def normal(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Standard normal entries: the usual benign case."""
-    return _draw(spec, rng, lambda shape: torch.randn(shape, generator=rng, dtype=torch.float64))
+    return _draw(spec, rng.normal)
 
 
 @register("uniform")
-def uniform(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def uniform(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Uniform on [-1, 1): bounded logits, no outliers."""
-    return _draw(spec, rng, lambda shape: 2 * torch.rand(shape, generator=rng, dtype=torch.float64) - 1)
+    return _draw(spec, lambda shape: rng.uniform(shape, -1.0, 1.0))
 
 
-def generate(spec: "CaseSpec") -> Tensors:
-    """Draw the float64 inputs of ``spec`` from its generator and seed (both validated by ``CaseSpec``)."""
-    generator = GENERATORS[spec.generator]
-    rng = torch.Generator().manual_seed(spec.seed)
-    return generator(spec, rng)
+def generate(spec: "CaseSpec", device: str | torch.device = "cpu") -> Tensors:
+    """Draw the float64 inputs of ``spec`` on ``device`` from its generator and seed (both validated by
+    ``CaseSpec``); the same values on every device."""
+    return GENERATORS[spec.generator](spec, CounterRNG(spec.seed, device))
 
 
 # Scaled families and adversarial generators.
@@ -79,31 +91,43 @@ def generate(spec: "CaseSpec") -> Tensors:
 # not have is then always the kernel's.
 
 _FLOAT64 = torch.float64
+_HOST = "cpu"
 
 
 def _finfo(spec: "CaseSpec") -> torch.finfo:
     return torch.finfo(spec.torch_dtype)
 
 
-def _directions(spec: "CaseSpec", rng: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Unit vectors per (batch, kv head): ``(u_q, u_kv)`` broadcastable against q and k."""
-    u = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
-    u = u / u.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+def _channel_sum(values: torch.Tensor) -> torch.Tensor:
+    """The sum over the last dim (kept, of size 1), pairwise in a fixed order: the same bits on every device."""
+    width = 1 << max(values.shape[-1] - 1, 0).bit_length()
+    values = torch.nn.functional.pad(values, (0, width - values.shape[-1]))
+    while values.shape[-1] > 1:
+        half = values.shape[-1] // 2
+        values = values[..., :half] + values[..., half:]
+    return values
+
+
+def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """``2^exponent`` for integer-valued float64 ``exponent`` in [-1022, 1023], built from its bits (exact)."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(_FLOAT64)
+
+
+def _directions(spec: "CaseSpec", rng: CounterRNG) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unit vectors per (batch, kv head): ``(u_q, u_kv)`` broadcastable against q and k (normalized on the host)."""
+    u = rng.normal((spec.batch, 1, spec.heads_kv, spec.head_dim), device=_HOST)
+    u = (u / u.norm(dim=-1, keepdim=True).clamp_min(1e-300)).to(rng.device)
     return u.repeat_interleave(spec.heads_q // spec.heads_kv, dim=2), u
 
 
-def _orthogonal_noise(shape: tuple[int, ...], u: torch.Tensor, rng: torch.Generator) -> torch.Tensor:
+def _orthogonal_noise(shape: tuple[int, ...], u: torch.Tensor, rng: CounterRNG) -> torch.Tensor:
     """Standard normal noise with its component along ``u`` removed."""
-    noise = torch.randn(shape, generator=rng, dtype=_FLOAT64)
-    return noise - (noise * u).sum(dim=-1, keepdim=True) * u
-
-
-def _uniform(shape: tuple[int, ...], rng: torch.Generator, low: float, high: float) -> torch.Tensor:
-    return low + (high - low) * torch.rand(shape, generator=rng, dtype=_FLOAT64)
+    noise = rng.normal(shape)
+    return noise - _channel_sum(noise * u) * u
 
 
 def _scaled(base: Generator, factor: float, doc: str) -> Generator:
-    def scaled(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+    def scaled(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
         return tuple(factor * tensor for tensor in base(spec, rng))  # type: ignore[return-value]
 
     scaled.__doc__ = doc
@@ -128,7 +152,7 @@ for _exponent in SCALE_EXPONENTS:
 
 
 @register("exp-overflow")
-def exp_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def exp_overflow(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Scores whose row maximum lies in [60, 87], just below ln(float32 max) = 88.72.
 
     Bug class: exponentiating a score without subtracting the running row
@@ -138,23 +162,23 @@ def exp_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     """
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
-    top = _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 60.0, 87.0)
-    row_gain = (top / spec.scale).sqrt()
-    key_fraction = _uniform((spec.batch, spec.seqlen_k, spec.heads_kv, 1), rng, 0.5, 0.95)
+    top = rng.uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), 60.0, 87.0, device=_HOST)
+    row_gain = (top / spec.scale).sqrt().to(rng.device)
+    key_fraction = rng.uniform((spec.batch, spec.seqlen_k, spec.heads_kv, 1), 0.5, 0.95)
     if spec.seqlen_k:
-        peak = torch.randint(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1), generator=rng)
+        peak = rng.integers(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1))
         key_fraction.scatter_(1, peak, 1.0)
     key_gain = key_fraction * (87.0 / spec.scale) ** 0.5
     noise = 0.5 / (87.0 / spec.scale) ** 0.5
     q = row_gain * u_q + noise * _orthogonal_noise(q_shape, u_q, rng)
     k = key_gain * u_kv + noise * _orthogonal_noise(k_shape, u_kv, rng)
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
 @register("dtype-overflow")
-def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def dtype_overflow(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Unscaled scores q.k up to 0.9 of float16's largest value (65504), keys well separated.
 
     Bug class: keeping S = Q K^T, or the scaled scores, in the input dtype
@@ -168,14 +192,14 @@ def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     ceiling = 0.9 * min(torch.finfo(torch.float16).max, _finfo(spec).max)
-    row_gain = _uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, 0.5, 1.0) * ceiling**0.5
-    rank = torch.rand((spec.batch, spec.seqlen_k, spec.heads_kv, 1), generator=rng).argsort(dim=1)
+    row_gain = rng.uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), 0.5, 1.0) * ceiling**0.5
+    rank = rng.uniform((spec.batch, spec.seqlen_k, spec.heads_kv, 1), device=_HOST).argsort(dim=1).to(rng.device)
     step = min(32.0 / (spec.scale * ceiling**0.5), ceiling**0.5 / (2 * max(spec.seqlen_k, 1)))
     key_gain = ceiling**0.5 - step * rank.to(_FLOAT64)
     q = row_gain * u_q
     k = key_gain * u_kv
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
@@ -185,20 +209,21 @@ def dtype_overflow(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
 RESCALE_RISE_BINADES: tuple[int, int] = (-30, 0)
 
 
-def _orthonormal_pair(spec: "CaseSpec", rng: torch.Generator) -> tuple[torch.Tensor, ...]:
+def _orthonormal_pair(spec: "CaseSpec", rng: CounterRNG) -> tuple[torch.Tensor, ...]:
     """``(a_q, a_kv, b_q, b_kv)``: orthonormal ``a``, ``b`` per (batch, kv head), the ``_q`` copies
     repeated over each group's query heads (broadcastable against q, the ``_kv`` ones against k)."""
-    first = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
-    second = torch.randn((spec.batch, 1, spec.heads_kv, spec.head_dim), generator=rng, dtype=_FLOAT64)
+    first = rng.normal((spec.batch, 1, spec.heads_kv, spec.head_dim), device=_HOST)
+    second = rng.normal((spec.batch, 1, spec.heads_kv, spec.head_dim), device=_HOST)
     first = first / first.norm(dim=-1, keepdim=True).clamp_min(1e-300)
     second = second - (second * first).sum(dim=-1, keepdim=True) * first
     second = second / second.norm(dim=-1, keepdim=True).clamp_min(1e-300)
+    first, second = first.to(rng.device), second.to(rng.device)
     group = spec.heads_q // spec.heads_kv
     return first.repeat_interleave(group, dim=2), first, second.repeat_interleave(group, dim=2), second
 
 
 @register("rescale-storm")
-def rescale_storm(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def rescale_storm(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Scores rise with every key index, by amounts from ``|level|`` down to ``2^-30 |level|``.
 
     Row ``i`` scores key ``j`` as ``S_ij = L_i + R_i j / (seqlen_k - 1)``: a level
@@ -216,22 +241,22 @@ def rescale_storm(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     """
     a_q, a_kv, b_q, b_kv = _orthonormal_pair(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
-    ramp = torch.arange(spec.seqlen_k, dtype=_FLOAT64) / max(spec.seqlen_k - 1, 1)
+    ramp = (torch.arange(spec.seqlen_k, dtype=_FLOAT64) / max(spec.seqlen_k - 1, 1)).to(rng.device)
     k = a_kv + ramp.view(1, -1, 1, 1) * b_kv
     row_shape = (spec.batch, spec.seqlen_q, spec.heads_q, 1)
-    sign = torch.randint(2, row_shape, generator=rng).to(_FLOAT64) * 2 - 1
-    level = sign * _uniform(row_shape, rng, 1.0, 40.0)
-    rise = level.abs() * torch.exp2(_uniform(row_shape, rng, *RESCALE_RISE_BINADES))
+    sign = rng.integers(2, row_shape, device=_HOST).to(_FLOAT64) * 2 - 1
+    level = sign * rng.uniform(row_shape, 1.0, 40.0, device=_HOST)
+    rise = level.abs() * torch.exp2(rng.uniform(row_shape, *RESCALE_RISE_BINADES, device=_HOST))
     noise = _orthogonal_noise(q_shape, a_q, rng)
-    noise = noise - (noise * b_q).sum(dim=-1, keepdim=True) * b_q
-    q = (level * a_q + rise * b_q) / spec.scale + 0.25 * noise
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    noise = noise - _channel_sum(noise * b_q) * b_q
+    q = (level / spec.scale).to(rng.device) * a_q + (rise / spec.scale).to(rng.device) * b_q + 0.25 * noise
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
 @register("exact-ties")
-def exact_ties(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def exact_ties(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Many keys with bit-identical scores: keys repeat one or two rows of small integers.
 
     q and k hold integers in [-2, 2] (exact in every dtype), keys are copies of
@@ -242,18 +267,18 @@ def exact_ties(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     summing their weights.
     """
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
-    q = torch.randint(-2, 3, q_shape, generator=rng).to(_FLOAT64)
-    q = q * (torch.rand(q_shape[:-1] + (1,), generator=rng) >= 0.25)
-    pool = torch.randint(-2, 3, (spec.batch, 2, spec.heads_kv, spec.head_dim), generator=rng).to(_FLOAT64)
-    pick = torch.randint(2, (spec.batch, spec.seqlen_k, spec.heads_kv, 1), generator=rng)
+    q = (rng.integers(5, q_shape) - 2).to(_FLOAT64)
+    q = q * ~rng.bernoulli(0.25, q_shape[:-1] + (1,))
+    pool = (rng.integers(5, (spec.batch, 2, spec.heads_kv, spec.head_dim)) - 2).to(_FLOAT64)
+    pick = rng.integers(2, (spec.batch, spec.seqlen_k, spec.heads_kv, 1))
     k = torch.gather(pool, 1, pick.expand(k_shape))
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
 @register("dominant-key")
-def dominant_key(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def dominant_key(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """One key per (batch, kv head) scores 10 to 60 above every other key of the row.
 
     Softmax rows are then one-hot up to e^-10 .. e^-60, which underflows in
@@ -266,18 +291,18 @@ def dominant_key(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     q = u_q + 0.2 * _orthogonal_noise(q_shape, u_q, rng)
-    k = 0.5 * torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
+    k = 0.5 * rng.normal(k_shape)
     if spec.seqlen_k:
-        gap = _uniform((spec.batch, 1, spec.heads_kv, 1), rng, 10.0, 60.0)
-        position = torch.randint(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1), generator=rng)
-        k.scatter_(1, position.expand(-1, -1, -1, spec.head_dim), (gap / spec.scale) * u_kv)
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+        gap = rng.uniform((spec.batch, 1, spec.heads_kv, 1), 10.0, 60.0, device=_HOST)
+        position = rng.integers(spec.seqlen_k, (spec.batch, 1, spec.heads_kv, 1))
+        k.scatter_(1, position.expand(-1, -1, -1, spec.head_dim), (gap / spec.scale).to(rng.device) * u_kv)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
 @register("v-dynamic-range")
-def v_dynamic_range(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def v_dynamic_range(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """V entries ``±2^e`` with ``e`` spread over 2^20 (float16) or 2^80 (wider dtypes).
 
     The exponent range is kept small enough that dP = dO V^T and the exact
@@ -288,18 +313,18 @@ def v_dynamic_range(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     """
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     low, high = (-14.0, 6.0) if _finfo(spec).max < 1e5 else (-40.0, 40.0)
-    exponent = _uniform(v_shape, rng, low, high).floor()
-    sign = torch.randint(2, v_shape, generator=rng).to(_FLOAT64) * 2 - 1
-    mantissa = _uniform(v_shape, rng, 1.0, 2.0)
-    v = sign * mantissa * torch.exp2(exponent)
-    q = torch.randn(q_shape, generator=rng, dtype=_FLOAT64)
-    k = torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    exponent = rng.uniform(v_shape, low, high).floor()
+    sign = rng.integers(2, v_shape).to(_FLOAT64) * 2 - 1
+    mantissa = rng.uniform(v_shape, 1.0, 2.0)
+    v = sign * mantissa * _power_of_two(exponent)
+    q = rng.normal(q_shape)
+    k = rng.normal(k_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
 @register("subnormals")
-def subnormals(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def subnormals(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Half of all q, k, v, dout entries are subnormal in the dtype, the rest normal.
 
     Some V rows are entirely subnormal, so whole output rows are tiny.
@@ -314,20 +339,20 @@ def subnormals(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     tiny = info.tiny
 
     def sample(shape: tuple[int, ...]) -> torch.Tensor:
-        normal_entries = torch.randn(shape, generator=rng, dtype=_FLOAT64)
-        subnormal_entries = _uniform(shape, rng, -1.0, 1.0) * tiny
-        use_subnormal = torch.rand(shape, generator=rng) < 0.5
+        normal_entries = rng.normal(shape)
+        subnormal_entries = rng.uniform(shape, -1.0, 1.0) * tiny
+        use_subnormal = rng.bernoulli(0.5, shape)
         return torch.where(use_subnormal, subnormal_entries, normal_entries)
 
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     v = sample(v_shape)
-    tiny_rows = torch.rand(v_shape[:-1] + (1,), generator=rng) < 0.25
-    v = torch.where(tiny_rows, _uniform(v_shape, rng, -1.0, 1.0) * tiny, v)
+    tiny_rows = rng.bernoulli(0.25, v_shape[:-1] + (1,))
+    v = torch.where(tiny_rows, rng.uniform(v_shape, -1.0, 1.0) * tiny, v)
     return sample(q_shape), sample(k_shape), v, sample(dout_shape)
 
 
 @register("dp-cancellation")
-def dp_cancellation(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def dp_cancellation(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """dO and V chosen so that dP_ij = dO_i . V_j is nearly the same for every key.
 
     V rows are a common vector ``w`` plus a relative perturbation of 2^-9 to
@@ -340,11 +365,11 @@ def dp_cancellation(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     u_q, u_kv = _directions(spec, rng)
     q_shape, k_shape, v_shape, dout_shape = shapes(spec)
     common = 4.0 * u_kv
-    spread = torch.exp2(_uniform((spec.batch, 1, spec.heads_kv, 1), rng, -9.0, -4.0))
-    v = common + 4.0 * spread * torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
+    spread = torch.exp2(rng.uniform((spec.batch, 1, spec.heads_kv, 1), -9.0, -4.0, device=_HOST)).to(rng.device)
+    v = common + 4.0 * spread * rng.normal(v_shape)
     dout = 2.0 * u_q + 0.05 * _orthogonal_noise(dout_shape, u_q, rng)
-    q = torch.randn(q_shape, generator=rng, dtype=_FLOAT64)
-    k = torch.randn(k_shape, generator=rng, dtype=_FLOAT64)
+    q = rng.normal(q_shape)
+    k = rng.normal(k_shape)
     return q, k, v, dout
 
 
@@ -359,7 +384,7 @@ PLATEAU_SPREAD = 0.25
 
 
 @register("score-plateau")
-def score_plateau(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def score_plateau(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Every score of query row ``i`` lies at or near one negative level ``c_i = -2^x``, ``x`` uniform
     over :data:`PLATEAU_LEVEL_BINADES`.
 
@@ -383,18 +408,19 @@ def score_plateau(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     group = spec.heads_q // spec.heads_kv
     pair_shape = (spec.batch, 1, spec.heads_kv, 1)
     random_a = _directions(spec, rng)[1]
-    axis = torch.randint(spec.head_dim, pair_shape, generator=rng)
-    sign = torch.randint(2, pair_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    axis = rng.integers(spec.head_dim, pair_shape)
+    sign = rng.integers(2, pair_shape).to(_FLOAT64) * 2 - 1
     basis_a = sign * torch.nn.functional.one_hot(axis, spec.head_dim).to(_FLOAT64).squeeze(-2)
-    tied = torch.rand(pair_shape, generator=rng) < 0.5
+    tied = rng.bernoulli(0.5, pair_shape)
     a_kv = torch.where(tied, basis_a, random_a)
     a_q = a_kv.repeat_interleave(group, dim=2)
-    level = -torch.exp2(_uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), rng, *PLATEAU_LEVEL_BINADES))
-    q = level / spec.scale * a_q + _orthogonal_noise(q_shape, a_q, rng)
-    k_noise = (~tied).to(_FLOAT64) * PLATEAU_SPREAD / (spec.scale * spec.head_dim**0.5)
+    binades = rng.uniform((spec.batch, spec.seqlen_q, spec.heads_q, 1), *PLATEAU_LEVEL_BINADES, device=_HOST)
+    level = -torch.exp2(binades)
+    q = (level / spec.scale).to(rng.device) * a_q + _orthogonal_noise(q_shape, a_q, rng)
+    k_noise = (~tied).to(_FLOAT64) * (PLATEAU_SPREAD / (spec.scale * spec.head_dim**0.5))
     k = a_kv + k_noise * _orthogonal_noise(k_shape, a_kv, rng)
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout
 
 
@@ -467,7 +493,7 @@ def boundary_pairs(spec: "CaseSpec") -> list[tuple[int, int]]:
 
 
 @register("boundary-keys")
-def boundary_keys(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def boundary_keys(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Standard normal entries, except that each boundary row's softmax is one boundary key
     (:func:`boundary_pairs`): the last key, keys 2^16 - 1 to 2^17, a key whose offset passes 2^31,
     the first key of the last tile, in the last, first, tile-edge and offset-past-2^31 rows.
@@ -530,7 +556,7 @@ def far_level_reach(spec: "CaseSpec") -> tuple[float, float]:
 
 
 @register("far-below-zero")
-def far_below_zero(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
+def far_below_zero(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     """Three rows in four see every score at one level ``c_i`` from about -90 down to -10^6
     (:data:`FAR_LEVELS`, log-uniform, within :func:`far_level_reach`), the others an ordinary level.
 
@@ -556,19 +582,19 @@ def far_below_zero(spec: "CaseSpec", rng: torch.Generator) -> Tensors:
     pair_shape = (spec.batch, 1, spec.heads_kv, 1)
     row_shape = (spec.batch, spec.seqlen_q, spec.heads_q, 1)
     reach, gain = far_level_reach(spec)
-    axis = torch.randint(spec.head_dim, pair_shape, generator=rng)
-    sign = torch.randint(2, pair_shape, generator=rng).to(_FLOAT64) * 2 - 1
+    axis = rng.integers(spec.head_dim, pair_shape)
+    sign = rng.integers(2, pair_shape).to(_FLOAT64) * 2 - 1
     a_kv = sign * torch.nn.functional.one_hot(axis, spec.head_dim).to(_FLOAT64).squeeze(-2)
     a_q = a_kv.repeat_interleave(group, dim=2)
     high = math.log(reach)
     low = min(math.log(FAR_LEVELS[0]), high)
-    far = -torch.exp(_uniform(row_shape, rng, low, high))
-    ordinary = torch.rand(row_shape, generator=rng) < FAR_ORDINARY_ROWS
-    level = torch.where(ordinary, _uniform(row_shape, rng, -2.0, 2.0), far)
-    noise = torch.where(ordinary, 8.0, 1.0)
-    q = level / (spec.scale * gain) * a_q + noise * _orthogonal_noise(q_shape, a_q, rng)
-    spread = (torch.rand(pair_shape, generator=rng) < 0.5).to(_FLOAT64) * PLATEAU_SPREAD
-    k = gain * a_kv + spread / (spec.scale * spec.head_dim**0.5) * _orthogonal_noise(k_shape, a_kv, rng)
-    v = torch.randn(v_shape, generator=rng, dtype=_FLOAT64)
-    dout = torch.randn(dout_shape, generator=rng, dtype=_FLOAT64)
+    far = -torch.exp(rng.uniform(row_shape, low, high, device=_HOST))
+    ordinary = rng.bernoulli(FAR_ORDINARY_ROWS, row_shape, device=_HOST)
+    level = torch.where(ordinary, rng.uniform(row_shape, -2.0, 2.0, device=_HOST), far)
+    noise = torch.where(ordinary, 8.0, 1.0).to(rng.device)
+    q = (level / (spec.scale * gain)).to(rng.device) * a_q + noise * _orthogonal_noise(q_shape, a_q, rng)
+    spread = rng.bernoulli(0.5, pair_shape).to(_FLOAT64) * (PLATEAU_SPREAD / (spec.scale * spec.head_dim**0.5))
+    k = gain * a_kv + spread * _orthogonal_noise(k_shape, a_kv, rng)
+    v = rng.normal(v_shape)
+    dout = rng.normal(dout_shape)
     return q, k, v, dout

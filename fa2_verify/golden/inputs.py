@@ -24,6 +24,7 @@ import torch
 
 from fa2_verify.core import row_blocks
 from fa2_verify.core.contract import BOTTOM_RIGHT, UNBOUNDED, dtype_name, effective_window, visible_ranges
+from fa2_verify.core.digest import digest
 from fa2_verify.core.errors import UsageError
 
 
@@ -170,38 +171,21 @@ def prepare(q, k, v, dout, *, softmax_scale, causal, window_size, alignment=BOTT
     )
 
 
-#: Width of each folding step of :func:`fingerprint`, and the odd weights of its positions (below ``2**12``).
-_FOLD = 1024
-_PRIME = 2**31 - 1
-
-
 def fingerprint(problem: HeadMajorInputs) -> int:
     """A 64-bit digest of the inputs' values and shapes, computed on their device (one read of each input).
 
     It seeds the certification's row sample (:mod:`golden.certify`), so a case is always certified on the same
-    rows without copying its inputs to the host: each input's float64 bit patterns, as 32-bit halves, are folded
-    ``_FOLD`` words at a time into position-weighted sums modulo the prime ``2**31 - 1`` (every partial sum below
-    ``2**53``, exact in int64) until at most ``_FOLD`` words remain, which sha256 digests with the names and
-    shapes.  Not a cryptographic hash of the inputs: the golden cache keys on one (:func:`golden.cache.key`).
+    rows without copying its inputs to the host: sha256 of the names, the shapes and each input's
+    :func:`core.digest.digest`.  Not a cryptographic hash of the inputs: the golden cache keys on one
+    (:func:`golden.cache.key`).
     """
-    digest = hashlib.sha256()
+    hashed = hashlib.sha256()
     for name in ("q", "k", "v", "dout"):
         tensor = getattr(problem, name)
-        if tensor is None:
-            continue
-        bits = tensor.reshape(-1).view(torch.int64)
-        digest.update(f"{name}{tuple(tensor.shape)}".encode())
-        for half in (bits & 0xFFFFFFFF, (bits >> 32) & 0xFFFFFFFF):
-            digest.update(_fold(half).cpu().numpy().tobytes())
-    return int.from_bytes(digest.digest()[:8], "big")
-
-
-def _fold(words: torch.Tensor) -> torch.Tensor:
-    weights = 2 * torch.arange(1, _FOLD + 1, device=words.device, dtype=torch.int64) + 1
-    while words.numel() > _FOLD:
-        padded = torch.nn.functional.pad(words, (0, -words.numel() % _FOLD)).reshape(-1, _FOLD)
-        words = (padded * weights).sum(dim=1) % _PRIME
-    return words
+        if tensor is not None:
+            hashed.update(f"{name}{tuple(tensor.shape)}".encode())
+            hashed.update(digest(tensor).cpu().numpy().tobytes())
+    return int.from_bytes(hashed.digest()[:8], "big")
 
 
 def golden_device(tensor: torch.Tensor) -> torch.device:

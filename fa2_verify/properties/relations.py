@@ -33,6 +33,7 @@ import torch
 from fa2_verify.verify import metrics
 from fa2_verify.core.case import Case
 from fa2_verify.core.contract import causal_prefix_keys
+from fa2_verify.core.counter_rng import CounterRNG
 from fa2_verify.verify.metrics import OutputComparison
 
 
@@ -40,14 +41,14 @@ from fa2_verify.verify.metrics import OutputComparison
 MAX_SHIFT_STEPS = 16
 
 
-def _rng(case: Case, salt: int) -> torch.Generator:
+def _rng(case: Case, salt: int) -> CounterRNG:
     """A generator seeded from the case, so a relation's randomness is reproducible from the spec."""
-    return torch.Generator().manual_seed((case.spec.seed * 1_000_003 + salt) % 2**63)
+    return CounterRNG((case.spec.seed * 1_000_003 + salt) % 2**63, case.q.device)
 
 
 def permute_keys(case: Case) -> tuple[Case, torch.Tensor]:
     """``(case with k and v permuted along seqlen_k, the permutation)``."""
-    permutation = torch.randperm(case.spec.seqlen_k, generator=_rng(case, 1)).to(case.k.device)
+    permutation = _rng(case, 1).permutation(case.spec.seqlen_k)
     return dataclasses.replace(case, k=case.k[:, permutation].contiguous(), v=case.v[:, permutation].contiguous()), permutation
 
 
@@ -66,11 +67,9 @@ def shift_scores(case: Case) -> tuple[Case, Case, torch.Tensor]:
     k[..., -1] = kappa
     base_q = case.q.clone()
     base_q[..., -1] = 0
-    delta = torch.randint(
-        -MAX_SHIFT_STEPS, MAX_SHIFT_STEPS + 1, (spec.batch, spec.seqlen_q, spec.heads_q), generator=_rng(case, 2)
-    )
+    delta = _rng(case, 2).integers(2 * MAX_SHIFT_STEPS + 1, (spec.batch, spec.seqlen_q, spec.heads_q)) - MAX_SHIFT_STEPS
     shifted_q = base_q.clone()
-    shifted_q[..., -1] = delta.to(shifted_q.dtype).to(shifted_q.device)
+    shifted_q[..., -1] = delta.to(shifted_q.dtype)
     shift = (spec.scale * kappa * delta.to(torch.float64)).permute(0, 2, 1)
     return dataclasses.replace(case, q=base_q, k=k), dataclasses.replace(case, q=shifted_q, k=k), shift
 

@@ -13,7 +13,8 @@ change in a baseline comparison is a change in the kernel, not noise
 
 Adding a case (``fa2-verify corpus add --case JSON``, usually a counterexample
 printed by a property test's reproduction line) bumps ``corpus_version``: the
-baselines recorded before it must then be recorded again.
+baselines recorded before it must then be recorded again.  So does a change of
+the values a spec names (:data:`core.values.VALUES_VERSION`, in the digest).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import hashlib
 import json
 from typing import Any
 
+from fa2_verify.core import values
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import UsageError
 
@@ -49,8 +51,10 @@ class Corpus:
             seen[spec.name] = index
 
     def digest(self) -> str:
-        """``sha256:<hex>`` of the canonical JSON of the cases (order and names included)."""
-        return "sha256:" + hashlib.sha256(_canonical([spec.to_dict() for spec in self.cases]).encode()).hexdigest()
+        """``sha256:<hex>`` of the canonical JSON of the cases (order and names included) and of
+        :data:`core.values.VALUES_VERSION`: a baseline recorded on other values of the same specs is refused."""
+        record = {"values_version": values.VALUES_VERSION, "cases": [spec.to_dict() for spec in self.cases]}
+        return "sha256:" + hashlib.sha256(_canonical(record).encode()).hexdigest()
 
     def dtypes(self) -> tuple[str, ...]:
         """The dtypes the corpus covers, sorted."""

@@ -33,6 +33,7 @@ import torch
 
 from fa2_verify.core.contract import GRADIENTS, VarlenKernelTarget, dtype_name
 from fa2_verify.core.case import Case, CaseSpec
+from fa2_verify.core.digest import digest
 from fa2_verify.core.errors import UnsupportedCase
 from fa2_verify.core.layouts import to_layout
 from fa2_verify.core.varlen import Packed
@@ -90,14 +91,6 @@ def bit_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().view(_INTEGER_VIEWS[tensor.element_size()])
 
 
-def _bits(tensor: torch.Tensor) -> torch.Tensor:
-    """A host copy of ``tensor``'s bit pattern (:func:`bit_view`), so NaN inputs compare equal to themselves.
-
-    On the host, so that a GPU case at scale does not hold a second copy of
-    its inputs in device memory while the kernel runs.
-    """
-    return bit_view(tensor.detach().to("cpu", copy=True))
-
 
 def _synchronized(returned: Any, device: torch.device) -> Any:
     """``returned``, once the kernel's work on ``device`` has finished (so its errors surface in the call)."""
@@ -125,7 +118,9 @@ def call_entry(
     the call's case should it hang (:func:`verify.watchdog.watched`).
     """
     missing = kernel.capabilities.missing_outputs()
-    before = {name: _bits(tensor) for name, tensor in inputs.items() if tensor is not None}
+    # a digest of the bits (core.digest), so NaN inputs compare equal to themselves, and computed on the device:
+    # no second copy of the inputs, on the device or the host, at scale
+    before = {name: digest(tensor) for name, tensor in inputs.items() if tensor is not None}
     with poisoned(device, [layouts[name][:2] for name in names if name not in missing]):
         try:
             with watched(f"{entry} on case {case}"):
@@ -138,7 +133,7 @@ def call_entry(
                 raise DeviceFault(fault) from raised.raised
             raise KernelFailure(f"{kernel.name}.{entry}{RAISED}{raised}") from raised.raised
     for name, bits in before.items():
-        if not torch.equal(_bits(cast(torch.Tensor, inputs[name])), bits):  # `before` holds no None
+        if not torch.equal(digest(cast(torch.Tensor, inputs[name])), bits):  # `before` holds no None
             raise KernelFailure(f"{kernel.name}.{entry} modified its input {name} in place")
     expected = f"({', '.join(names)})"
     if not isinstance(returned, (tuple, list)):

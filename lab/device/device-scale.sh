@@ -17,7 +17,9 @@
 # FA2_SCALE_CASES (space-separated case names) runs only those cases of the set
 # (`run --case`), e.g. a mutant on the one case it must fail;
 # FA2_SCALE_PROFILE_SECONDS=0 skips the profile, FA2_SCALE_PROFILE_SEED sets its
-# --hypothesis-seed (several calls of a few minutes each then add up to a long search).
+# --hypothesis-seed (several calls of a few minutes each then add up to a long search);
+# FA2_SCALE_STACKS=FILE samples the profile's Python stacks with py-spy (on PATH) into FILE
+# (collapsed stacks, lab/probes/stack_summary.py reads them).
 # Exit status: 0 when triton and torch-flash pass, every mutant fails (exit 1)
 # and the profile run ends without a failure.
 set -uo pipefail
@@ -79,8 +81,15 @@ if ((seconds > 0)); then
         -v -rfE --hypothesis-show-statistics -p no:cacheprovider \
         ${FA2_SCALE_PROFILE_SEED:+--hypothesis-seed="$FA2_SCALE_PROFILE_SEED"} \
         --fa2-kernel triton --fa2-device cuda --fa2-profile scale \
-        --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1
+        --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1 &
+    suite=$!
+    if [[ -n "${FA2_SCALE_STACKS:-}" ]]; then
+        sleep 2
+        py-spy record --pid "$(pgrep -P "$suite")" --format raw --rate 50 -o "$FA2_SCALE_STACKS" >"$out/py-spy.log" 2>&1 &
+    fi
+    wait "$suite"
     echo "== scale profile against triton: exit $? after $(($(date +%s) - started)) s"
+    wait
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
     cp .hypothesis/observed/*_testcases.jsonl "$out/" 2>/dev/null
     compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 benchmarks/observed_summary.py "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
