@@ -42,7 +42,8 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
   dK/dV sums, and one row block of about ``WORK_ELEMENTS[device]`` scores per
   query head in the dtype, with their gradients;
 * *model kernel* (device, :mod:`verify.model_kernel`, 16-bit cases only): its
-  outputs and float32 dK/dV sums, its rows' ``logit_max`` and scale errors,
+  outputs and float32 dK/dV sums, its rows' ``logit_max`` and scale errors
+  (and ``ds_signal``, ``ds_magnitude`` with a backward),
   K and V of one batch repeated over the query heads in float32, and one row
   block of float32 scores like the naive attention's;
 * *comparison* (device, :func:`verify.metrics.compare`): float64 work arrays
@@ -115,8 +116,9 @@ ERROR_MODEL_KEY_COPIES = 8
 LOWPREC_SCORE_COPIES = 14
 
 #: Score blocks alive at once in the model kernel, in float32 (:mod:`verify.model_kernel`: the logits, masked,
-#: their exponentials and ``fl_T`` copy, the visibility mask, and the backward's ``P``, ``dP``, ``dS``).
-MODEL_SCORE_COPIES = 10
+#: their exponentials and ``fl_T`` copy, the visibility mask, and the backward's ``P``, ``dP``, ``dS``, and the
+#: premise's ``|dO| |V|^T`` and weighted copies).
+MODEL_SCORE_COPIES = 13
 
 #: Float64 arrays of an output's size alive while the noise verdicts judge it (:func:`verify.noise_verdicts.judge`:
 #: the golden, the kernel's and the model's outputs canonical, the errors, units, ``r``, leans and group sums;
@@ -223,7 +225,8 @@ def estimate(
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
     judged = spec.torch_dtype in noise_verdicts.DTYPES
-    model_outputs = (outputs + 2 * FLOAT32 * rows + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
+    # the rows' logit_max and scale errors, and with a backward ds_signal and ds_magnitude
+    model_outputs = (outputs + FLOAT32 * rows * (4 if gradients else 2) + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
     model_work = FLOAT32 * (MODEL_SCORE_COPIES * naive_block + 2 * repeated_keys) if judged else 0
     per_batch = largest_output // max(1, spec.batch)
     judged_at_once = min(largest_output, per_batch * noise_verdicts.batches_per_part(per_batch))

@@ -31,6 +31,13 @@ relative error by which that rounding alone scales row ``i`` of ``O`` (0 for a
 row that sees no key).  The bias verdict's premise asks them to vary from row
 to row like independent errors (:func:`verify.noise_verdicts.bias`).
 
+With a backward it also returns, per row, what the backward premise reads
+(:func:`verify.noise_verdicts.premise`): ``ds_signal`` ``= sum_j P_ij |dP_ij - D_i|``,
+the size of the row's ``dS`` before its rounding to ``T``, and ``ds_magnitude``
+``= sum_j P_ij (sum_c |dO_ic| |V_jc| + |D_i|)``, the size of the float32 sums
+``dP_ij`` and ``D_i`` whose difference it is (float32, (batch, heads_q, seqlen_q);
+0 for a row that sees no key).
+
 It runs one block of query rows at a time over the keys they see, masked on
 the column bands some of them do not see (:func:`verify.lowprec.blocked_buffers`),
 like :mod:`verify.lowprec`, so no (seqlen_q x seqlen_k) tensor is formed.
@@ -59,8 +66,8 @@ def _softmax_block(logits: torch.Tensor, values: torch.Tensor, dtype: torch.dtyp
 
 
 def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """``out``, ``lse`` (float32), ``logit_max``, ``scale_errors`` and, when the case has a backward, ``dq``, ``dk``, ``dv`` of the
-    model kernel; the backward from ``forward["out"]`` and ``forward["lse"]`` (the kernel's) where given."""
+    """``out``, ``lse`` (float32), ``logit_max``, ``scale_errors`` and, when the case has a backward, ``dq``, ``dk``, ``dv``,
+    ``ds_signal`` and ``ds_magnitude`` of the model kernel; the backward from ``forward["out"]`` and ``forward["lse"]`` (the kernel's) where given."""
     spec = case.spec
     dtype, scale = spec.torch_dtype, spec.scale
     group = spec.heads_q // spec.heads_kv
@@ -72,6 +79,7 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
     given_out, given_lse = (forward or {}).get("out"), (forward or {}).get("lse")
     if spec.backward:
         dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
+        ds_signal, ds_magnitude = torch.zeros_like(logit_max), torch.zeros_like(logit_max)
     for b in range(spec.batch):
         # (heads_q, keys, head_dim) in float32: the T values, exactly, repeated over the query heads of a group
         keys_all = case.k[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
@@ -99,12 +107,16 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
             # dS from P rounded to T, the copy dV uses (eq. 6; PyTorch's memory-efficient backward): of the two
             # ways correct kernels form dS the noisier, by eta |dP - D| where P is subnormal in T
             p_rounded = p.to(dtype).float()
-            ds = (p_rounded * (dout_rows @ v_rows.mT - delta)).to(dtype).float()
+            difference = dout_rows @ v_rows.mT - delta
+            ds = (p_rounded * difference).to(dtype).float()
+            ds_signal[b, :, rows] = (p * difference.abs()).sum(-1)
+            ds_magnitude[b, :, rows] = (p * (dout_rows.abs() @ v_rows.abs().mT + delta.abs())).sum(-1)
             dq[b, rows] = (scale * (ds @ k_rows)).to(dtype).transpose(0, 1)
             dk_heads = scale * (ds.mT @ q_rows)
             dv_heads = p_rounded.mT @ dout_rows
             dk_sum[b, keys] += dk_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
             dv_sum[b, keys] += dv_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
     if spec.backward:
-        result.update(dq=dq, dk=dk_sum.to(case.k.dtype), dv=dv_sum.to(case.v.dtype))
+        result.update(dq=dq, dk=dk_sum.to(case.k.dtype), dv=dv_sum.to(case.v.dtype), ds_signal=ds_signal,
+                      ds_magnitude=ds_magnitude)
     return result

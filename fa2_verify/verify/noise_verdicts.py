@@ -37,10 +37,15 @@ little.  They apply to float16 and bfloat16 cases only (float32 and float64
 cases keep the worst-case verdict alone), and within a case only to tokens
 whose sums have at least :data:`FEWEST_TERMS` terms and to the rows
 where the exponentials' argument error ``u_a (|S_ij| + M_i)`` of eq. (1) is
-small next to ``u``: ``u_a (2 M_i + 1) <= u / 8`` (:func:`premise`); dK and dV
-of a (batch, kv head) only when every row of its query heads qualifies.
+small next to ``u``: ``u_a (2 M_i + 1) <= u / 8`` (:func:`premise`); for dQ
+and dK also where the float32 sums ``dP_ij`` and ``D_i`` resolve their
+difference ``dS_ij / P_ij`` to ``u``: ``u_a sum_j P_ij (|dO_i| . |V_j| + |D_i|)
+<= u / 8 sum_j P_ij |dP_ij - D_i|``; dK and dV of a (batch, kv head) only when
+every row of its query heads qualifies.
 Elsewhere, as for logits far below zero where float32 cannot resolve
-``S - m`` to ``u``, and for the outputs a kernel accumulates in partial sums
+``S - m`` to ``u``, and rows whose ``dS`` cancels below float32's resolution
+of ``dP`` and ``D`` (a one-hot softmax row: ``D_i = dP_ij*``, so that another
+summation order of the two leaves float32 noise the model may not make), and for the outputs a kernel accumulates in partial sums
 rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.
 """
 
@@ -174,15 +179,26 @@ def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.
 PREMISE_MARGIN = 8
 
 
-def premise(spec: CaseSpec, output: str, logit_max: torch.Tensor) -> torch.Tensor:
+#: The outputs computed from ``dS = P (dP - D)``, whose premise also asks float32 to resolve ``dP - D``.
+DS_OUTPUTS = ("dq", "dk")
+
+
+def premise(spec: CaseSpec, output: str, model: dict[str, torch.Tensor]) -> torch.Tensor:
     """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring): tokens whose
     sums have at least :data:`FEWEST_TERMS` terms, and rows whose exponentials' argument error is small next to
-    ``u`` (for ``dk``, ``dv``: every row of the (batch, kv head)).
+    ``u`` and, for :data:`DS_OUTPUTS`, whose ``dP - D`` float32 resolves to ``u`` (for ``dk``, ``dv``: every row
+    of the (batch, kv head)).
 
-    ``logit_max`` is the model's ``M_i`` (batch, heads_q, seqlen_q).
+    ``model`` holds the model kernel's ``logit_max`` (``M_i``) and, for :data:`DS_OUTPUTS`, ``ds_signal`` and
+    ``ds_magnitude`` (:func:`verify.model_kernel.model_attention`), each (batch, heads_q, seqlen_q).
     """
     dtype = spec.torch_dtype
-    rows = accumulation_unit(dtype) * (2 * logit_max.to(torch.float64) + 1) <= unit_roundoff(dtype) / PREMISE_MARGIN
+    logit_max = model["logit_max"]
+    u_a, u = accumulation_unit(dtype), unit_roundoff(dtype)
+    rows = u_a * (2 * logit_max.to(torch.float64) + 1) <= u / PREMISE_MARGIN
+    if output in DS_OUTPUTS:
+        signal = model["ds_signal"].to(logit_max.device, torch.float64)
+        rows &= u_a * model["ds_magnitude"].to(logit_max.device, torch.float64) <= u / PREMISE_MARGIN * signal
     long_sums = (_terms(spec, output, logit_max.device) >= FEWEST_TERMS)[None, None, :, None]
     if _LAYOUT[output][0] == "rows":
         return rows[..., None] & long_sums
@@ -438,7 +454,8 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
     parts = []
     for first in range(0, actual.shape[0], step):
         batches = slice(first, first + step)
-        part_model = {name: model[name][batches] for name in (output, "logit_max", "scale_errors")}
+        names = (output, "logit_max", "scale_errors") + (("ds_signal", "ds_magnitude") if output in DS_OUTPUTS else ())
+        part_model = {name: model[name][batches] for name in names}
         records = _judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model, first)
         parts.append((records, actual[batches].numel()))
     return _merged(parts)
@@ -448,7 +465,7 @@ def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: 
                    model: dict[str, torch.Tensor], first_batch: int) -> dict[str, dict[str, Any] | None]:
     """:func:`judge` on the batches from ``first_batch`` on that the tensors hold."""
     noise = noise_units(spec, output, actual, expected, model[output], bound)
-    judged = premise(spec, output, model["logit_max"].to(noise.r.device))
+    judged = premise(spec, output, {name: tensor.to(noise.r.device) for name, tensor in model.items()})
     r = torch.where(judged, noise.r, 0.0)
     record = statistical(output, r, noise.unit, first_batch)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
