@@ -11,11 +11,12 @@ advances its state.
 Every step is exact integer arithmetic on int64 tensors (the 32 x 32-bit
 products are split into 16-bit halves, so no product reaches 2^63) or a
 single correctly rounded IEEE float64 operation per torch call (``+ - * /``
-and ``sqrt``; separate calls, so nothing is contracted into a fused
-multiply-add), which CPUs and CUDA devices evaluate alike.  ``log``, ``cos``
-and ``sin`` of the normal draws are therefore polynomials written here
-(:func:`_log`, :func:`_cos_sin`), not the platform's functions, whose last
-bit differs between devices.  tests/test_counter_rng.py holds Random123's
+; separate calls, so nothing is contracted into a fused multiply-add),
+which CPUs and CUDA devices evaluate alike.  ``log``, ``cos``, ``sin`` and
+``sqrt`` of the normal draws are therefore written here (:func:`_log`,
+:func:`_cos_sin`, :func:`_sqrt`), not taken from the platform, whose last bit
+differs between devices (torch's ``sqrt`` does, in one float64 of 130 on an
+H100 against the CPU: lab/probes/probe_device_values.py ``--steps``).  tests/test_counter_rng.py holds Random123's
 known answers and, on a GPU, the device-equality check.
 """
 
@@ -112,6 +113,21 @@ def _cos_sin(turns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return cosine, sine
 
 
+#: Newton steps of :func:`_sqrt`: from a first guess within 1/16 the relative error squares each step.
+_SQRT_STEPS = 6
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """Square root of non-negative float64 ``x`` within an ulp, the same bits on every device: Newton's
+    ``y <- (y + x / y) / 2`` from the guess that halves ``x``'s exponent in its bits."""
+    positive = x > 0
+    safe = torch.where(positive, x, 1.0)
+    y = (((safe.view(torch.int64) - (1023 << 52)) >> 1) + (1023 << 52)).view(torch.float64)
+    for _ in range(_SQRT_STEPS):
+        y = (y + safe / y) * 0.5
+    return torch.where(positive, y, 0.0)
+
+
 class CounterRNG:
     """Draws of a seed (below 2^64), numbered in order, each on the device asked for.
 
@@ -160,7 +176,7 @@ class CounterRNG:
         ``u1`` in ``(0, 1]``."""
 
         def box_muller(w0, w1, w2, w3):
-            radius = torch.sqrt(_log(self._fraction(w0, w1) + _UNIT) * -2.0)
+            radius = _sqrt(_log(self._fraction(w0, w1) + _UNIT) * -2.0)
             cosine, sine = _cos_sin(self._fraction(w2, w3))
             return radius * cosine, radius * sine
 
