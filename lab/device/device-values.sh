@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The counter-based input values on one GPU, in one call:
-#   lab/device/device-values.sh
+#   lab/device/device-values.sh [PROFILE_SECONDS]
 # 1. tests/test_counter_rng.py and tests/test_digest.py: every generator's inputs, in every dtype, the same
-#    bits on the CPU and the GPU (the test skipped on a CPU-only machine);
+#    bits on the CPU and the GPU (the test skipped on a CPU-only machine) -> $OUT/tests.log;
 # 2. the gate baselines of triton and torch-flash on the corpus (3 repeats, for the atomic dQ) into
-#    $OUT/<kernel>-<gpu>.json, each then gated against itself;
-# 3. lab/device/device-throughput.sh 0: the golden tables and the six long scale cases (no profile).
+#    $OUT/<kernel>-<gpu>.json, each then gated against itself -> $OUT/baselines.log;
+# 3. lab/device/device-scale.sh for triton on the six long scale cases, then the `scale` profile for
+#    PROFILE_SECONDS (default 0: none) -> $OUT/run-triton.log, properties-scale.log, scale-profile.md.
+# The golden tables of issue 30 are lab/device/device-throughput.sh's.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
@@ -13,20 +15,20 @@ source lab/device/device-common.sh
 # shellcheck source=ci/common.sh
 source ci/common.sh
 tag="$(gpu_tag)"
-results="$OUT"
-python3 -m pytest -q -p no:cacheprovider tests/test_counter_rng.py tests/test_digest.py 2>&1 | tail -n 5
+python3 -m pytest -q -p no:cacheprovider tests/test_counter_rng.py tests/test_digest.py >"$OUT/tests.log" 2>&1
+echo "== device-equality tests: exit $?"
+tail -n 3 "$OUT/tests.log"
 for kernel in triton torch-flash; do
     started=$(date +%s)
     python3 -m fa2_verify baseline --kernel "$kernel" --device cuda --repeats 3 --out "$OUT/$kernel-$tag.json" \
         >>"$OUT/baselines.log" 2>&1
     echo "== baseline $kernel: exit $? after $(($(date +%s) - started)) s"
-    python3 -m fa2_verify gate --kernel "$kernel" --device cuda --baseline "$OUT/$kernel-$tag.json" 2>&1 | tail -n 3
+    python3 -m fa2_verify gate --kernel "$kernel" --device cuda --baseline "$OUT/$kernel-$tag.json" 2>&1 | tail -n 2
 done
-# the device tool brings back 8 files: the throughput tables go to one file
-OUT=/tmp/throughput
-mkdir -p "$OUT"
-OUT="$OUT" bash lab/device/device-throughput.sh 0 >/dev/null 2>&1
-cat /tmp/throughput/gpu.txt /tmp/throughput/golden-*.md >"$results/golden.md" 2>/dev/null
-cp /tmp/throughput/scale/run-triton.log "$results/"
-cat "$results/golden.md"
-grep -A 12 "kernel s" "$results/run-triton.log"
+FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS="${1:-0}" \
+    FA2_SCALE_CASES="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16 sk131072-none-fp16" \
+    bash lab/device/device-scale.sh /tmp/scale 2>&1 | grep -v '^$' | tail -n 25
+for file in run-triton.log properties-scale.log scale-profile.md; do
+    cp "/tmp/scale/$file" "$OUT/" 2>/dev/null
+done
+grep -A 8 "kernel s" "$OUT/run-triton.log"
