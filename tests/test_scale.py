@@ -251,3 +251,17 @@ def test_fit_budget_cuts_batch_and_heads_first_and_keeps_the_long_keys():
     small = CaseSpec(batch=3, seqlen_q=65537, seqlen_k=17, heads_q=8, heads_kv=1, head_dim=64, dtype="float16")
     assert fit_budget(small, limits) == small
     assert fit_budget(spec, profiles.get("ci").cuda_limits) == spec
+
+
+def test_fit_budget_with_mha_counts_the_mha_twin_of_a_gqa_relation():
+    """The GQA relations hold the case and its MHA twin, whose K, V (and their float64 error-model copies) are
+    ``group`` times larger: a case drawn in the ``scale`` profile ran the H100 out of memory with 34.65 GiB
+    asked for the twin's copy (b7 h24/3, 27,903 keys, d 248)."""
+    limits = profiles.get("scale").cuda_limits
+    spec = CaseSpec(batch=28, seqlen_q=2, seqlen_k=27903, heads_q=24, heads_kv=3, head_dim=248, dtype="float16",
+                    window_size=(197, 0), softmax_scale=2.0**-6, generator="uniform-x2^2", seed=95138)
+    alone = fit_budget(spec, limits, min_group=2)
+    assert memory.estimate(dataclasses.replace(alone, heads_kv=alone.heads_q), "cuda").device > limits.max_bytes
+    twin = fit_budget(spec, limits, min_group=2, with_mha=True)
+    held = memory.estimate(twin, "cuda").device + memory.estimate(dataclasses.replace(twin, heads_kv=twin.heads_q), "cuda").device
+    assert held <= limits.max_bytes and twin.heads_q // twin.heads_kv >= 2 and twin.seqlen_k == spec.seqlen_k

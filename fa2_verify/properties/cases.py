@@ -33,11 +33,14 @@ def work(spec: CaseSpec) -> int:
     return spec.batch * spec.heads_q * spec.seqlen_q * spec.seqlen_k * spec.head_dim
 
 
-def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_q: int = 1, min_group: int = 1) -> CaseSpec:
+def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_q: int = 1, min_group: int = 1,
+               with_mha: bool = False) -> CaseSpec:
     """``spec`` cut down until its work and memory are within ``limits.max_work`` and ``limits.max_bytes``.
 
     The memory is the size guard's estimate of a GPU's device memory,
-    ``verify.memory.estimate(spec, "cuda").device`` (``max_bytes`` budgets a GPU).
+    ``verify.memory.estimate(spec, "cuda").device`` (``max_bytes`` budgets a GPU); ``with_mha`` adds the
+    estimate of its MHA twin (K and V repeated over each group, :func:`properties.relations.repeat_kv`), which
+    the GQA relations hold beside it: ``group`` times the case's K and V and their float64 error-model copies.
 
     In this order, each step halving one size while the case is over budget
     and never going below what the property asked for: the batch, the kv
@@ -49,7 +52,12 @@ def fit_budget(spec: CaseSpec, limits: Limits, *, min_batch: int = 1, min_heads_
 
     def over(candidate: CaseSpec) -> bool:
         too_long = limits.max_work is not None and work(candidate) > limits.max_work
-        return too_long or (limits.max_bytes is not None and estimate(candidate, "cuda").device > limits.max_bytes)
+        if too_long or limits.max_bytes is None:
+            return too_long
+        held = estimate(candidate, "cuda").device
+        if with_mha:
+            held += estimate(dataclasses.replace(candidate, heads_kv=candidate.heads_q), "cuda").device
+        return held > limits.max_bytes
 
     while over(spec):
         group = spec.heads_q // spec.heads_kv
@@ -84,6 +92,7 @@ def case_specs(
     min_batch: int = 1,
     min_heads_q: int = 1,
     min_group: int = 1,
+    with_mha: bool = False,
     generators: Iterable[str] | None = None,
     dtypes: Iterable[str] | None = None,
     shape_classes: ShapeClasses | None = None,
@@ -96,12 +105,13 @@ def case_specs(
     checks see both backward paths; ``masked=False`` draws unmasked cases
     only, ``gqa=False`` MHA only;
     ``min_batch``, ``min_heads_q`` and ``min_group`` (2 for GQA/MQA only) serve
-    the metamorphic relations that need them; ``generators`` and ``dtypes``
+    the metamorphic relations that need them, ``with_mha`` those that also run
+    the case's MHA twin (its memory counts in the budget, :func:`fit_budget`); ``generators`` and ``dtypes``
     restrict the value generators and dtypes drawn; ``shape_classes``, if
     given, moves a case of a new shape class into one drawn before once the
     test has drawn its limit (:mod:`properties.shape_classes`).
     """
-    for name, flag in (("backward", backward), ("masked", masked), ("gqa", gqa)):
+    for name, flag in (("backward", backward), ("masked", masked), ("gqa", gqa), ("with_mha", with_mha)):
         check_bool(name, flag)
     if deterministic is not None:
         check_bool("deterministic", deterministic)
@@ -153,10 +163,13 @@ def case_specs(
             backward=backward,
             deterministic=draw(modes) if deterministic is None else deterministic,
         )
-        fit = dict(min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group)
-        spec = fit_budget(spec, limits, **fit)
+        def fit(candidate: CaseSpec) -> CaseSpec:
+            return fit_budget(candidate, limits, min_batch=min_batch, min_heads_q=min_heads_q, min_group=min_group,
+                              with_mha=with_mha)
+
+        spec = fit(spec)
         if shape_classes is not None:
-            spec = fit_budget(shape_classes.admit(spec, draw), limits, **fit)
+            spec = fit(shape_classes.admit(spec, draw))
         return spec.aligned(capabilities.causal_alignment)
 
     return build()

@@ -54,14 +54,14 @@ def test_out_independent_across_heads(suite, data):
 @declare(breaker="tests.mutants:GQA_WRONG_HEAD", requires=("gqa",))
 def test_out_gqa_equals_mha_with_repeated_kv(suite, data):
     """out(q, k, v) = out(q, repeat(k), repeat(v)), K and V repeated over each group of query heads."""
-    spec = data.draw(suite.cases(min_group=2), label="case")
+    spec = data.draw(suite.cases(min_group=2, with_mha=True), label="case")
     relation_checks.gqa_as_mha(suite, spec, ("out",))
 
 
 @declare(breaker="tests.mutants:DK_DV_GQA_NOT_SUMMED", requires=("gqa", "backward"))
 def test_dkv_gqa_equals_group_sum_of_mha(suite, data):
     """dk, dv of GQA = sum over each group of dk, dv of MHA with repeated K and V."""
-    spec = data.draw(suite.cases(min_group=2, backward=True), label="case")
+    spec = data.draw(suite.cases(min_group=2, backward=True, with_mha=True), label="case")
     relation_checks.gqa_as_mha(suite, spec, ("dk", "dv"))
 
 
