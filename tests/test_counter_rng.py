@@ -62,3 +62,12 @@ def test_inputs_are_the_same_bits_on_every_device():
             host, device = make_case(spec, "cpu"), make_case(spec, "cuda")
             for name in ("q", "k", "v", "dout"):
                 assert torch.equal(digest(getattr(host, name)).cuda(), digest(getattr(device, name))), (generator, dtype, name)
+
+
+def test_a_case_too_large_to_draw_on_the_gpu_is_drawn_on_the_host():
+    """Drawing holds the inputs in float64 with temporaries: past DEVICE_DRAW_BYTES (a q of 2^31 elements) the
+    draws go to the host, with the same values, so the device holds only the rounded inputs."""
+    large = CaseSpec(batch=2, seqlen_q=65536, seqlen_k=65536, heads_q=64, heads_kv=8, head_dim=256, dtype="float16")
+    small = CaseSpec(batch=1, seqlen_q=131072, seqlen_k=131072, heads_q=1, heads_kv=1, head_dim=128, dtype="bfloat16")
+    assert values.draw_bytes(large) > values.DEVICE_DRAW_BYTES and values.draw_device(large, "cuda").type == "cpu"
+    assert values.draw_device(small, "cuda").type == "cuda" and values.draw_device(large, "cpu").type == "cpu"

@@ -319,7 +319,8 @@ class Case:
 
 
 def make_case(spec: CaseSpec, device: str | torch.device = "cpu") -> Case:
-    """Build the inputs of ``spec`` on ``device`` (generated there in float64, the same values on every device,
-    rounded once to the dtype)."""
-    q, k, v, dout = (t.to(spec.torch_dtype) for t in values.generate(spec, device))
+    """Build the inputs of ``spec`` on ``device``: drawn in float64 there (on the host when too large,
+    :func:`core.values.draw_device`), the same values on every device, rounded once to the dtype."""
+    drawn = values.generate(spec, values.draw_device(spec, device))
+    q, k, v, dout = (t.to(spec.torch_dtype).to(device) for t in drawn)
     return Case(spec=spec, q=q, k=k, v=v, dout=dout)

@@ -74,6 +74,28 @@ def uniform(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
     return _draw(spec, lambda shape: rng.uniform(shape, -1.0, 1.0))
 
 
+#: Float64 temporaries of the size of the largest input that a value generator holds besides its four results
+#: (noise, its product with a direction, the channel sums' padded copy, a ``where``'s operands).
+GENERATOR_COPIES = 3
+
+#: Largest float64 footprint of a case's draws (:func:`draw_bytes`) drawn on a CUDA device: a larger case is
+#: drawn on the host, with the same values, so drawing never holds more of a GPU than this.
+DEVICE_DRAW_BYTES = 8 * 2**30
+
+
+def draw_bytes(spec: "CaseSpec") -> int:
+    """Bytes of float64 that drawing ``spec``'s values holds at once: the four inputs and the temporaries."""
+    sizes = [math.prod(shape) for shape in shapes(spec)]
+    return 8 * (sum(sizes) + GENERATOR_COPIES * max(sizes))
+
+
+def draw_device(spec: "CaseSpec", device: str | torch.device) -> torch.device:
+    """Where the values of a case on ``device`` are drawn: there, or on the host for a CUDA case whose draws
+    exceed :data:`DEVICE_DRAW_BYTES` (the values do not depend on it)."""
+    device = torch.device(device)
+    return device if device.type != "cuda" or draw_bytes(spec) <= DEVICE_DRAW_BYTES else torch.device("cpu")
+
+
 def generate(spec: "CaseSpec", device: str | torch.device = "cpu") -> Tensors:
     """Draw the float64 inputs of ``spec`` on ``device`` from its generator and seed (both validated by
     ``CaseSpec``); the same values on every device."""

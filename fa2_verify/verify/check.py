@@ -93,6 +93,9 @@ class OutputJudge:
         self.naive = lowprec.naive_attention(self.case)
         self.judged = noise_verdicts.judged_outputs(self.case.spec, partials)
         self.model = model_kernel.model_attention(self.case, self.forward) if self.judged else {}
+        self.flush_shares: dict[str, torch.Tensor] = {}
+        if self.judged and noise_verdicts.flush_matters(self.case.spec.torch_dtype):
+            self.flush_shares = error_model.first_order_bounds(self.case, self.golden, partials, flush_only=True)
 
     def compare(self, actual: dict[str, torch.Tensor]) -> dict[str, metrics.OutputComparison]:
         """Each of ``actual`` under every verdict: the worst-case one (:func:`metrics.compare`, the
@@ -104,7 +107,8 @@ class OutputJudge:
             comparison = metrics.compare(name, tensor, expected, self.bounds[name],
                                          threshold=error_model.THRESHOLDS[name], lowprec=self.naive.get(name))
             if name in self.judged:
-                records = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.bounds[name], self.model)
+                records = noise_verdicts.judge(self.case.spec, name, tensor, expected, self.bounds[name], self.model,
+                                               self.flush_shares.get(name))
                 comparison = dataclasses.replace(comparison, statistical=records["statistical"],
                                                  local=records["local"], bias=records["bias"])
                 comparison = dataclasses.replace(comparison, passed=not comparison.failed_verdicts)

@@ -388,8 +388,14 @@ def _keys_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return weights.reshape(pairs, heads * count, -1).mT @ values.reshape(pairs, heads * count, -1)
 
 
-def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialSums()) -> dict[str, torch.Tensor]:
+def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialSums(), *,
+                       flush_only: bool = False) -> dict[str, torch.Tensor]:
     """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``, ``dv``.
+
+    ``flush_only=True`` keeps only the terms of float32's flushing: ``eta_a``,
+    every other unit 0 and no golden term (11).  Each term of a first-order
+    bound is proportional to one unit, so this is each bound's share for a
+    kernel that flushes float32 subnormals (:func:`verify.noise_verdicts.judge`).
 
     ``golden`` is a ``golden.GoldenResult`` for ``case`` (``out``, ``lse``,
     ``delta``, ``dq``, ``dk``, ``dv``, ``certified_bound``).  Equation numbers
@@ -435,6 +441,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     eta = underflow_unit(dtype)
     eta_lse = underflow_unit(torch.float32)
     eta_a = flush_unit(dtype)
+    if flush_only:
+        u = u_a = u_f = u_lse = eta = eta_lse = 0.0
     scale = spec.scale
 
     def gamma(n):
@@ -642,7 +650,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
         # (11)
-        certified = float(golden.certified_bound.get(name, 0.0))
+        certified = 0.0 if flush_only else float(golden.certified_bound.get(name, 0.0))
         if certified:
             bound += certified * _largest_finite(getattr(golden, name))
     return bounds

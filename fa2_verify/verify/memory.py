@@ -19,13 +19,15 @@ hold); the answer is the largest stage.  With ``s`` the dtype's size in bytes,
 elements, ``R = batch*heads_q*seqlen_q`` rows and
 ``P = batch*heads_q*seqlen_q*seqlen_k`` scores:
 
-* *inputs* (host, then device): the float64 draws ``8 (2Q + 2K)`` with the
-  generator's temporaries, then the inputs ``s (2Q + 2K)`` on the device;
+* *inputs* (:func:`core.case.make_case`): the float64 draws ``8 (2Q + 2K)``
+  with the generator's temporaries (:func:`core.values.draw_bytes`), on the
+  case's device unless larger than ``core.values.DEVICE_DRAW_BYTES`` (then on
+  the host), then the inputs ``s (2Q + 2K)`` on the device;
 * *kernel* (device): the outputs and their clones, ``2 (s (2Q + 2K) + 4R)``,
   the copies of ``out`` and ``lse`` handed to the backward, and an FA2
   backward's float32 dQ accumulator and ``D`` rows, ``4 (Q + R)`` (Dao 2023,
-  Algorithm 2 line 15); on the host, the bit copies of every tensor a call
-  must leave unchanged (:mod:`verify.kernel_call`);
+  Algorithm 2 line 15) (the inputs a call must leave unchanged are checked by
+  a digest on the device, :mod:`core.digest`, not copied);
 * *golden* (device, :mod:`golden.fast`): float64 inputs and outputs, each in
   two layouts, one row block of at most ``BLOCK_ELEMENTS[device]`` scores (at
   least one row; the mask is kept as key ranges), or for short sequences one
@@ -75,6 +77,7 @@ import pathlib
 
 import torch
 
+from fa2_verify.core import values
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import CaseTooLarge
 from fa2_verify.golden.fast import BLOCK_ELEMENTS, pairs_per_chunk
@@ -86,9 +89,6 @@ from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 FLOAT64 = 8
 FLOAT32 = 4
 
-#: Float64 temporaries of the size of the largest input that a value generator
-#: holds besides its four results (:mod:`core.values`: noise, masks, ``where``).
-GENERATOR_COPIES = 3
 
 #: Float64 temporaries per element of a golden row block (:mod:`golden.fast`:
 #: the score pair, logits, exponentials, P, dP pair, shifted dP, dS, and the
@@ -231,16 +231,22 @@ def estimate(
     per_batch = largest_output // max(1, spec.batch)
     judged_at_once = min(largest_output, per_batch * noise_verdicts.batches_per_part(per_batch))
     noise_work = NOISE_VERDICT_COPIES * FLOAT64 * judged_at_once if judged else 0
+    drawn = values.draw_bytes(spec)
+    drawn_on_device = values.draw_device(spec, device).type == "cuda"
+    # bfloat16: the bounds' share for float32 flushing, a second pass of the error model (noise_verdicts.flush_matters)
+    flush_shares = bounds if judged and noise_verdicts.flush_matters(spec.torch_dtype) else 0
 
     return Estimate(
         (
-            Stage("inputs", inputs, FLOAT64 * (2 * queries + 2 * keys + GENERATOR_COPIES * max(queries, keys))),
-            Stage("kernel", inputs + 2 * outputs + handed + workspace, inputs + handed + size * max(queries, keys)),
+            Stage("inputs", inputs + (drawn if drawn_on_device else 0), 0 if drawn_on_device else drawn),
+            Stage("kernel", inputs + 2 * outputs + handed + workspace, 0),
             Stage("golden", held_device + golden_work, golden_host),
             Stage("error model", held_device + golden_outputs + error_model_work, 0),
             Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
             Stage("model kernel", held_device + golden_outputs + bounds + naive_outputs + model_outputs + model_work, 0),
-            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + model_outputs
+            Stage("flush shares", held_device + golden_outputs + bounds + naive_outputs + model_outputs
+                  + (error_model_work if flush_shares else 0), 0),
+            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + model_outputs + flush_shares
                   + max(compare_work, noise_work), 0),
         )
     )

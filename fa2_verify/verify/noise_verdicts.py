@@ -43,9 +43,13 @@ difference ``dS_ij / P_ij`` to ``u``: ``u_a sum_j P_ij (|dO_i| . |V_j| + |D_i|)
 <= u / 8 sum_j P_ij |dP_ij - D_i|``; dK and dV of a (batch, kv head) only when
 every row of its query heads qualifies.
 Elsewhere, as for logits far below zero where float32 cannot resolve
-``S - m`` to ``u``, and rows whose ``dS`` cancels below float32's resolution
+``S - m`` to ``u``, rows whose ``dS`` cancels below float32's resolution
 of ``dP`` and ``D`` (a one-hot softmax row: ``D_i = dP_ij*``, so that another
-summation order of the two leaves float32 noise the model may not make), and for the outputs a kernel accumulates in partial sums
+summation order of the two leaves float32 noise the model may not make), and,
+in a dtype that resolves below float32's smallest normal (bfloat16), elements
+whose bound's share for float32 flushing exceeds ``u / 8`` of ``|x*|``
+(a kernel that flushes errs there by what the model, which keeps subnormals,
+does not: :func:`flush_matters`), and for the outputs a kernel accumulates in partial sums
 rounded to ``T`` (:func:`judged_outputs`), the worst-case verdict alone judges.
 """
 
@@ -58,7 +62,14 @@ from typing import Any
 import torch
 
 from fa2_verify.core.case import CaseSpec
-from fa2_verify.verify.error_model import PartialSums, accumulation_unit, rows_seeing_keys, unit_roundoff
+from fa2_verify.verify.error_model import (
+    PartialSums,
+    accumulation_unit,
+    flush_unit,
+    rows_seeing_keys,
+    underflow_unit,
+    unit_roundoff,
+)
 from fa2_verify.verify.metrics import tensor_path, ulp
 
 #: Tokens (query rows, or keys for dK and dV) per tile: the noise unit's neighbourhood and a local group.
@@ -177,6 +188,13 @@ def _own_rounding(spec: CaseSpec, output: str, expected: torch.Tensor) -> torch.
 
 #: The premise's margin: the exponentials' argument error at most ``u / PREMISE_MARGIN``.
 PREMISE_MARGIN = 8
+
+
+def flush_matters(dtype: torch.dtype) -> bool:
+    """Whether float32's flushing (``eta_a``, docs/error-model.md, "Underflow in the float32 accumulation") can
+    outweigh the rounding to ``dtype``: ``dtype`` resolves below float32's smallest normal (bfloat16, whose
+    underflow unit is 2^-134; float16's own, 2^-25, dominates any flush)."""
+    return underflow_unit(dtype) < flush_unit(dtype)
 
 
 #: The outputs computed from ``dS = P (dP - D)``, whose premise also asks float32 to resolve ``dP - D``.
@@ -440,7 +458,7 @@ def batches_per_part(elements_per_batch: int) -> int:
 
 
 def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
-          model: dict[str, torch.Tensor]) -> dict[str, dict[str, Any] | None]:
+          model: dict[str, torch.Tensor], flush_share: torch.Tensor | None = None) -> dict[str, dict[str, Any] | None]:
     """The ``statistical``, ``local`` and ``bias`` records of one output against the model kernel's outputs
     ``model`` (:func:`verify.model_kernel.model_attention`), where the premise holds (module docstring); the
     local record is None when no element is judged, the bias record for outputs outside :data:`BIAS_OUTPUTS`
@@ -448,7 +466,9 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
 
     The output is judged :func:`batches_per_part` batches at a time (every tensor here is batch-first), and the
     records of the parts merged (:func:`_merged`).  The statistical record's ``judged`` is the share of the
-    output's elements under the premise.
+    output's elements under the premise.  ``flush_share`` (where :func:`flush_matters`) is the share of
+    ``bound`` for float32 flushing (:func:`verify.error_model.first_order_bounds` with ``flush_only``):
+    elements where it exceeds ``u / 8`` of ``|x*|`` are left to the worst-case verdict.
     """
     step = batches_per_part(actual[0].numel())
     parts = []
@@ -456,22 +476,30 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
         batches = slice(first, first + step)
         names = (output, "logit_max", "scale_errors") + (("ds_signal", "ds_magnitude") if output in DS_OUTPUTS else ())
         part_model = {name: model[name][batches] for name in names}
-        records = _judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model, first)
+        part_flush = None if flush_share is None else flush_share[batches]
+        records = _judge_batches(spec, output, actual[batches], expected[batches], bound[batches], part_model, first,
+                                 part_flush)
         parts.append((records, actual[batches].numel()))
     return _merged(parts)
 
 
 def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Tensor, bound: torch.Tensor,
-                   model: dict[str, torch.Tensor], first_batch: int) -> dict[str, dict[str, Any] | None]:
+                   model: dict[str, torch.Tensor], first_batch: int,
+                   flush_share: torch.Tensor | None) -> dict[str, dict[str, Any] | None]:
     """:func:`judge` on the batches from ``first_batch`` on that the tensors hold."""
     noise = noise_units(spec, output, actual, expected, model[output], bound)
     judged = premise(spec, output, {name: tensor.to(noise.r.device) for name, tensor in model.items()})
+    if flush_share is not None:
+        golden = _canonical(output, expected.to(noise.r.device, torch.float64)).abs()
+        share = _canonical(output, flush_share.to(noise.r.device, torch.float64))
+        judged = judged & (share <= unit_roundoff(spec.torch_dtype) / PREMISE_MARGIN * golden)
     r = torch.where(judged, noise.r, 0.0)
     record = statistical(output, r, noise.unit, first_batch)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
     records = {"statistical": record, "local": local(output, r, noise.r_model, judged, first_batch), "bias": None}
     if noise.lean is not None and noise.lean_model is not None and bool(judged.any()):
-        records["bias"] = bias(output, noise.lean, noise.lean_model, judged, model["scale_errors"],
+        # the bias verdict weighs whole rows: those every element of which is judged
+        records["bias"] = bias(output, noise.lean, noise.lean_model, judged.all(-1, keepdim=True), model["scale_errors"],
                                unit_roundoff(spec.torch_dtype), first_batch)
     return records
 
