@@ -10,14 +10,15 @@ advances its state.
 
 Every step is exact integer arithmetic on int64 tensors (the 32 x 32-bit
 products are split into 16-bit halves, so no product reaches 2^63) or a
-single correctly rounded IEEE float64 operation per torch call (``+ - * /``
-; separate calls, so nothing is contracted into a fused multiply-add),
-which CPUs and CUDA devices evaluate alike.  ``log``, ``cos``, ``sin`` and
+single correctly rounded IEEE float64 operation (``+``, ``-``, ``*``, ``/``)
+per torch call, so that nothing is contracted into a fused multiply-add:
+CPUs and CUDA devices evaluate those alike.  ``log``, ``cos``, ``sin`` and
 ``sqrt`` of the normal draws are therefore written here (:func:`_log`,
 :func:`_cos_sin`, :func:`_sqrt`), not taken from the platform, whose last bit
 differs between devices (torch's ``sqrt`` does, in one float64 of 130 on an
-H100 against the CPU: lab/probes/probe_device_values.py ``--steps``).  tests/test_counter_rng.py holds Random123's
-known answers and, on a GPU, the device-equality check.
+H100 against the CPU: lab/probes/probe_device_values.py ``--steps``).
+tests/test_counter_rng.py holds Random123's known answers and, on a GPU, the
+device-equality check.
 """
 
 from __future__ import annotations

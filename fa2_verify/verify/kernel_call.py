@@ -91,7 +91,6 @@ def bit_view(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().view(_INTEGER_VIEWS[tensor.element_size()])
 
 
-
 def _synchronized(returned: Any, device: torch.device) -> Any:
     """``returned``, once the kernel's work on ``device`` has finished (so its errors surface in the call)."""
     if device.type == "cuda":

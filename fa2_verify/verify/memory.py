@@ -89,7 +89,6 @@ from fa2_verify.verify.metrics import CHUNK_ELEMENTS
 FLOAT64 = 8
 FLOAT32 = 4
 
-
 #: Float64 temporaries per element of a golden row block (:mod:`golden.fast`:
 #: the score pair, logits, exponentials, P, dP pair, shifted dP, dS, and the
 #: products of :func:`golden.eft.dd_matmul`; measured 8 to 9 with tracemalloc).
@@ -226,7 +225,8 @@ def estimate(
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)
     judged = spec.torch_dtype in noise_verdicts.DTYPES
     # the rows' logit_max and scale errors, and with a backward ds_signal and ds_magnitude
-    model_outputs = (outputs + FLOAT32 * rows * (4 if gradients else 2) + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
+    model_rows = FLOAT32 * rows * (4 if gradients else 2)
+    model_outputs = (outputs + model_rows + (FLOAT32 * 2 * keys if gradients else 0)) if judged else 0
     model_work = FLOAT32 * (MODEL_SCORE_COPIES * naive_block + 2 * repeated_keys) if judged else 0
     per_batch = largest_output // max(1, spec.batch)
     judged_at_once = min(largest_output, per_batch * noise_verdicts.batches_per_part(per_batch))

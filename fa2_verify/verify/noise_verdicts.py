@@ -201,27 +201,35 @@ def flush_matters(dtype: torch.dtype) -> bool:
 DS_OUTPUTS = ("dq", "dk")
 
 
-def premise(spec: CaseSpec, output: str, model: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Bool, broadcastable to (batch, head, token, 1): where the verdicts judge (module docstring): tokens whose
-    sums have at least :data:`FEWEST_TERMS` terms, and rows whose exponentials' argument error is small next to
-    ``u`` and, for :data:`DS_OUTPUTS`, whose ``dP - D`` float32 resolves to ``u`` (for ``dk``, ``dv``: every row
-    of the (batch, kv head)).
+def premise(spec: CaseSpec, output: str, model: dict[str, torch.Tensor], expected: torch.Tensor | None = None,
+            flush_share: torch.Tensor | None = None) -> torch.Tensor:
+    """Bool, broadcastable to (batch, head, token, channel): where the verdicts judge (module docstring): tokens
+    whose sums have at least :data:`FEWEST_TERMS` terms, and rows whose exponentials' argument error is small
+    next to ``u`` and, for :data:`DS_OUTPUTS`, whose ``dP - D`` float32 resolves to ``u`` (for ``dk``, ``dv``:
+    every row of the (batch, kv head)); given the golden ``expected`` and the bound's ``flush_share`` (where
+    :func:`flush_matters`), only the elements where that share is at most ``u / 8`` of ``|x*|``.
 
     ``model`` holds the model kernel's ``logit_max`` (``M_i``) and, for :data:`DS_OUTPUTS`, ``ds_signal`` and
     ``ds_magnitude`` (:func:`verify.model_kernel.model_attention`), each (batch, heads_q, seqlen_q).
     """
     dtype = spec.torch_dtype
     logit_max = model["logit_max"]
+    device = logit_max.device
     u_a, u = accumulation_unit(dtype), unit_roundoff(dtype)
     rows = u_a * (2 * logit_max.to(torch.float64) + 1) <= u / PREMISE_MARGIN
     if output in DS_OUTPUTS:
-        signal = model["ds_signal"].to(logit_max.device, torch.float64)
-        rows &= u_a * model["ds_magnitude"].to(logit_max.device, torch.float64) <= u / PREMISE_MARGIN * signal
-    long_sums = (_terms(spec, output, logit_max.device) >= FEWEST_TERMS)[None, None, :, None]
+        signal = model["ds_signal"].to(device, torch.float64)
+        rows &= u_a * model["ds_magnitude"].to(device, torch.float64) <= u / PREMISE_MARGIN * signal
+    long_sums = (_terms(spec, output, device) >= FEWEST_TERMS)[None, None, :, None]
     if _LAYOUT[output][0] == "rows":
-        return rows[..., None] & long_sums
-    group = spec.heads_q // spec.heads_kv
-    return rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None] & long_sums
+        judged = rows[..., None] & long_sums
+    else:
+        group = spec.heads_q // spec.heads_kv
+        judged = rows.unflatten(1, (spec.heads_kv, group)).flatten(2).all(-1)[:, :, None, None] & long_sums
+    if expected is None or flush_share is None:
+        return judged
+    golden = _canonical(output, expected.to(device, torch.float64)).abs()
+    return judged & (_canonical(output, flush_share.to(device, torch.float64)) <= u / PREMISE_MARGIN * golden)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -488,11 +496,8 @@ def _judge_batches(spec: CaseSpec, output: str, actual: torch.Tensor, expected: 
                    flush_share: torch.Tensor | None) -> dict[str, dict[str, Any] | None]:
     """:func:`judge` on the batches from ``first_batch`` on that the tensors hold."""
     noise = noise_units(spec, output, actual, expected, model[output], bound)
-    judged = premise(spec, output, {name: tensor.to(noise.r.device) for name, tensor in model.items()})
-    if flush_share is not None:
-        golden = _canonical(output, expected.to(noise.r.device, torch.float64)).abs()
-        share = _canonical(output, flush_share.to(noise.r.device, torch.float64))
-        judged = judged & (share <= unit_roundoff(spec.torch_dtype) / PREMISE_MARGIN * golden)
+    row_model = {name: tensor.to(noise.r.device) for name, tensor in model.items() if name != output}
+    judged = premise(spec, output, row_model, expected, flush_share)
     r = torch.where(judged, noise.r, 0.0)
     record = statistical(output, r, noise.unit, first_batch)
     record["judged"] = float(judged.expand_as(r).to(torch.float64).mean()) if r.numel() else 1.0
