@@ -410,13 +410,17 @@ def test_bounds_of_a_chunk_of_pairs_equal_those_of_one_pair_at_a_time(monkeypatc
         assert torch.equal(chunked[name], bound), name
 
 
-def _dense_bounds(case, result) -> dict[str, torch.Tensor]:
+def _dense_bounds(case, result, flush_only: bool = False) -> dict[str, torch.Tensor]:
     """Eqs. (1) to (11) of ``first_order_bounds``' docstring evaluated literally on the whole (seqlen_q x seqlen_k)
-    matrices with the mask of ``visible_mask``: the bounds without partial sums, the test's own oracle."""
+    matrices with the mask of ``visible_mask``: the bounds without partial sums, the test's own oracle; with
+    ``flush_only`` every unit but ``eta_a`` is 0 and (11) is left out, the flush shares' definition (12)."""
     spec = case.spec
     dtype = spec.torch_dtype
     u, u_a, eta = unit_roundoff(dtype), accumulation_unit(dtype), underflow_unit(dtype)
     u_f, u_lse, eta_a = 4 * u_a, lse_storage_unit(dtype), flush_unit(dtype)
+    eta_lse = underflow_unit(torch.float32)
+    if flush_only:
+        u = u_a = eta = u_f = u_lse = eta_lse = 0.0
     scale, d, group = spec.scale, spec.head_dim, spec.heads_q // spec.heads_kv
 
     def gamma(n):
@@ -460,11 +464,12 @@ def _dense_bounds(case, result) -> dict[str, torch.Tensor]:
     b_dk = (scale * by_kv_head(b_ds.mT @ q.abs())
             + (gamma(n_key + group + 2) + u_group) * scale * by_kv_head(ds.abs().mT @ q.abs())
             + u * result.dk.double().abs() + eta_group + 3 * (n_key + group + 2) * present * max(1.0, scale) * eta_a)
-    bounds = {"out": b_out.transpose(1, 2), "lse": torch.where(n[:, 0] > 0, b_lse[..., 0], underflow_unit(torch.float32)),
+    bounds = {"out": b_out.transpose(1, 2), "lse": torch.where(n[:, 0] > 0, b_lse[..., 0], eta_lse),
               "dq": b_dq.transpose(1, 2), "dk": b_dk, "dv": b_dv}
     largest = {name: float(getattr(result, name).double().abs().nan_to_num(posinf=0.0).max()) for name in bounds}
+    certified = {} if flush_only else result.certified_bound
     return {
-        name: bound * (1 + SECOND_ORDER_UNITS * u) + result.certified_bound.get(name, 0.0) * largest[name]  # (10), (11)
+        name: bound * (1 + SECOND_ORDER_UNITS * u) + certified.get(name, 0.0) * largest[name]  # (10), (11)
         for name, bound in bounds.items()
     }
 
@@ -507,6 +512,29 @@ def test_bounds_in_row_blocks_equal_the_dense_equations(monkeypatch, spec):
     for name, bound in dense.items():
         assert torch.allclose(whole[name], bound, rtol=1e-12, atol=0), name
         assert torch.allclose(blocked[name], bound, rtol=1e-12, atol=0), name
+
+
+@pytest.mark.parametrize("spec", BLOCKED, ids=["causal-gqa", "window", "top-left-empty-rows", "unmasked"])
+@pytest.mark.parametrize("partials", [PartialSums(), PartialSums(dq_keys=4, out_splits=3), PartialSums(dkv_rows=3)],
+                         ids=["fa2", "split-kv", "dkv-rows"])
+def test_flush_shares_in_row_blocks_equal_the_dense_equations_with_only_eta_a(monkeypatch, spec, partials):
+    """The flush shares (12), evaluated in the bounds' pass over blocks of at most 5 x seqlen_k scores, equal the
+    dense equations with every unit but ``eta_a`` set to 0, whatever partial sums are declared (none carries
+    ``eta_a``); the bounds of that pass are those of :func:`first_order_bounds`."""
+    from fa2_verify.verify import error_model
+
+    case = make_case(spec)
+    result = _blocked_golden(case)
+    dense = _dense_bounds(case, result, flush_only=True)
+    alone = first_order_bounds(case, result, partials)
+    monkeypatch.setitem(error_model.WORK_ELEMENTS, "cpu", 5 * (spec.heads_q // spec.heads_kv) * spec.seqlen_k)
+    bounds, shares = error_model.bounds_and_flush_shares(case, result, partials)
+    assert shares.keys() == dense.keys()
+    for name, share in dense.items():
+        assert torch.allclose(shares[name], share, rtol=1e-12, atol=0), name
+        assert torch.allclose(bounds[name], alone[name], rtol=1e-12, atol=0), name
+        assert bool((shares[name] <= bounds[name]).all()), name
+    assert bool((shares["dv"] > 0).any()) and not bool(shares["lse"].any())
 
 
 @pytest.mark.parametrize("partials", [PartialSums(dq_keys=4, out_splits=3), PartialSums(dkv_rows=3)])

@@ -89,13 +89,12 @@ class OutputJudge:
 
     def __post_init__(self) -> None:
         partials = partial_sums_of(self.kernel, self.case)
-        self.bounds = error_model.first_order_bounds(self.case, self.golden, partials)
-        self.naive = lowprec.naive_attention(self.case)
         self.judged = noise_verdicts.judged_outputs(self.case.spec, partials)
+        flush_shares = bool(self.judged) and noise_verdicts.flush_matters(self.case.spec.torch_dtype)
+        self.bounds, self.flush_shares = error_model.bounds_and_flush_shares(self.case, self.golden, partials,
+                                                                             flush_shares=flush_shares)
+        self.naive = lowprec.naive_attention(self.case)
         self.model = model_kernel.model_attention(self.case, self.forward) if self.judged else {}
-        self.flush_shares: dict[str, torch.Tensor] = {}
-        if self.judged and noise_verdicts.flush_matters(self.case.spec.torch_dtype):
-            self.flush_shares = error_model.first_order_bounds(self.case, self.golden, partials, flush_only=True)
 
     def compare(self, actual: dict[str, torch.Tensor]) -> dict[str, metrics.OutputComparison]:
         """Each of ``actual`` under every verdict: the worst-case one (:func:`metrics.compare`, the

@@ -388,14 +388,24 @@ def _keys_times(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return weights.reshape(pairs, heads * count, -1).mT @ values.reshape(pairs, heads * count, -1)
 
 
-def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialSums(), *,
-                       flush_only: bool = False) -> dict[str, torch.Tensor]:
-    """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``, ``dv``.
+def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialSums()) -> dict[str, torch.Tensor]:
+    """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``,
+    ``dv``: :func:`bounds_and_flush_shares` without the shares."""
+    return bounds_and_flush_shares(case, golden, partials, flush_shares=False)[0]
 
-    ``flush_only=True`` keeps only the terms of float32's flushing: ``eta_a``,
-    every other unit 0 and no golden term (11).  Each term of a first-order
-    bound is proportional to one unit, so this is each bound's share for a
-    kernel that flushes float32 subnormals (:func:`verify.noise_verdicts.judge`).
+
+def bounds_and_flush_shares(
+    case: Case, golden: Any, partials: PartialSums = PartialSums(), *, flush_shares: bool = True
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``,
+    ``dv``, and with ``flush_shares`` each bound's share for float32's flushing (else an empty dict).
+
+    The share (12) is the bound with every unit but ``eta_a`` set to 0 and no
+    golden term (11): each term of a first-order bound is proportional to one
+    unit, so it is what the bound allows a kernel that flushes float32
+    subnormals (:func:`verify.noise_verdicts.judge`).  It is evaluated in the
+    same pass over the blocks as the bounds, from the same weights ``P`` and
+    ``|dP - D|``; no partial-sum term (2b, 7b to 9b) carries ``eta_a``.
 
     ``golden`` is a ``golden.GoldenResult`` for ``case`` (``out``, ``lse``,
     ``delta``, ``dq``, ``dk``, ``dv``, ``certified_bound``).  Equation numbers
@@ -430,6 +440,11 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     * (10) second order each bound is multiplied by ``1 + 4u``.
     * (11) golden       each bound gains ``certified_bound[name] * max|expected|``, ``certified_bound`` at most
       ``golden.api.MAX_CERTIFIED_BOUND["fast"]`` (2**-40), else ``GoldenError``.
+    * (12) flush shares ``F^O_ic = eta_a sum_(j visible) |V_jc| + 3 n_i eta_a``, ``F^L_i = 0``,
+      ``F^dS_ij = (P_ij sum_c |dO_ic| F^O_ic + eta_a |dP_ij - D_i|) [j visible from i]``,
+      ``F^dQ_ic = scale (sum_j F^dS_ij |K_jc| + eta_a (2d + 2) sum_(j visible) |K_jc|) + 3 (n_i + 2) max(1, scale) eta_a [n_i > 0]``,
+      ``F^dV_jc = eta_a sum_((h,i) sees j) |dO_ic| + 3 (N_j + G) eta_a [N_j > 0]``,
+      ``F^dK_jc = scale (sum_(h,i) F^dS_ij |Q_ic| + eta_a (2d + 2) sum_((h,i) sees j) |Q_ic|) + 3 (N_j + G + 2) max(1, scale) eta_a [N_j > 0]``
     """
     require_certified_bound(dict(golden.certified_bound))
     spec = case.spec
@@ -441,8 +456,6 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
     eta = underflow_unit(dtype)
     eta_lse = underflow_unit(torch.float32)
     eta_a = flush_unit(dtype)
-    if flush_only:
-        u = u_a = u_f = u_lse = eta = eta_lse = 0.0
     scale = spec.scale
 
     def gamma(n):
@@ -484,6 +497,10 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
         dk_error = torch.zeros_like(dv_error)
         dv_partial = torch.zeros_like(dv_error)
         dk_partial = torch.zeros_like(dv_error)
+    if flush_shares:
+        flush_out = torch.empty_like(out)
+        if backward:
+            flush_dq, flush_dv, flush_dk = torch.empty_like(out), torch.zeros_like(dv_error), torch.zeros_like(dv_error)
 
     # the query heads of one kv head share its keys: a block holds all of them; with a leading pair dimension C,
     # a chunk of consecutive (batch, kv head) pairs p = b * heads_kv + g is evaluated at once
@@ -500,6 +517,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
 
     q_pairs = by_pair(case.q, 2)
     out_pairs, bound_out_pairs = by_pair(out, 2), by_pair(bound_out, 2)
+    flush_out_pairs = by_pair(flush_out, 2) if flush_shares else None
+    flush_dq_pairs = by_pair(flush_dq, 2) if flush_shares and backward else None
     lse_pairs, bound_lse_pairs = by_pair(lse, 1), by_pair(bound_lse, 1)
     if backward:
         dq_pairs, bound_dq_pairs = by_pair(dq_expected, 2), by_pair(bound_dq, 2)
@@ -540,15 +559,20 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                 # (2b)
                 weight_error = u_f + u_a * (2 * row_max + 2 * log_n[rows][..., None] + 1)
                 pv_coefficient = pv_coefficient + (u + weight_error + 2 * filled[rows][..., None] + u_a)
+            visible_v = mask.key_sums(v_abs)[:, None]
             b_out = (
                 _rows_times(p_delta.addcmul_(p, pv_coefficient), v_abs)
                 + (u + gamma_out[rows][..., None] + u_a + p_delta_sum) * o_abs
-                + (eta + eta_a) * mask.key_sums(v_abs)[:, None]
+                + (eta + eta_a) * visible_v
                 + (2 * eta if out_splits > 1 else eta)
                 + 3 * n[..., None] * eta_a
             )
             del p_delta
             bound_out_pairs[b, rows, g] = b_out.transpose(1, 2)
+            if flush_shares:
+                # (12)
+                f_out = eta_a * visible_v + 3 * n[..., None] * eta_a
+                flush_out_pairs[b, rows, g] = f_out.transpose(1, 2)
             # (3)
             b_lse = (
                 p_delta_sum[..., 0]
@@ -561,7 +585,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             if not backward:
                 continue
             dout_rows = on_device(dout_pairs[b, rows, g]).transpose(1, 2)
-            dout_abs = dout_rows.abs()
+            dout_abs, q_abs = dout_rows.abs(), q_rows.abs()
             # (4), in place of (1)
             p_error = delta_logit.add_(logits_abs, alpha=u_a).add_((b_lse + u_a * lse_rows.abs())[..., None])
             del delta_logit, logits_abs
@@ -577,10 +601,21 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             centered.abs_()
             # (7): both sums of P_ij |dO_ic|, with (E_ij + u) and with (gamma_{N_j+G} + u_G), in one product
             dv_weight = (p_error + (u + u_group + gamma_dv[keys])).mul_(p)
-            dv_error[b, keys, g] += _keys_times(dv_weight, dout_abs) + (eta + eta_a) * mask.row_sums(
-                dout_abs.sum(1), keys.stop - keys.start
-            )
+            seeing_dout = mask.row_sums(dout_abs.sum(1), keys.stop - keys.start)
+            dv_error[b, keys, g] += _keys_times(dv_weight, dout_abs) + (eta + eta_a) * seeing_dout
             del dv_weight
+            seeing_q = mask.row_sums(q_abs.sum(1), keys.stop - keys.start)
+            visible_k = mask.key_sums(k_abs)[:, None]
+            if flush_shares:
+                # (12), from |dP - D| before it becomes |dS|
+                f_ds = mask.mask_(torch.mul(p, (dout_abs * f_out).sum(-1, keepdim=True)).add_(centered, alpha=eta_a))
+                flush_dq_pairs[b, rows, g] = (
+                    scale * (_rows_times(f_ds, k_abs) + eta_a * (2 * head_dim + 2) * visible_k)
+                    + 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
+                ).transpose(1, 2)
+                flush_dk[b, keys, g] += _keys_times(f_ds, q_abs) + eta_a * (2 * head_dim + 2) * seeing_q
+                flush_dv[b, keys, g] += eta_a * seeing_dout
+                del f_ds
             # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij| below
             b_ds = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None]).addcmul_(p_error, centered).mul_(p)
             b_ds = mask.mask_(b_ds.add_(centered, alpha=eta_centered))
@@ -589,7 +624,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             # (8): B^dS_ij and gamma_{n_i+2} |dS_ij| in one product
             dq_weight = torch.addcmul(b_ds, ds_abs, 2 * u + 2 * u_a + gamma_dq[rows][..., None])
             b_dq = (
-                scale * (_rows_times(dq_weight, k_abs) + eta_ds * mask.key_sums(k_abs)[:, None])
+                scale * (_rows_times(dq_weight, k_abs) + eta_ds * visible_k)
                 + u * dq_pairs[b, rows, g].transpose(1, 2).abs()
                 + eta
                 + 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
@@ -608,11 +643,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
                 )
             bound_dq_pairs[b, rows, g] = b_dq.transpose(1, 2)
             # (9): B^dS_ij and (gamma_{N_j+G+2} + u_G) |dS_ij| in one product, in place of dS's bound
-            q_abs = q_rows.abs()
             dk_weight = b_ds.addcmul_(ds_abs, 2 * u + 2 * u_a + u_group + gamma_dk[keys])
-            dk_error[b, keys, g] += _keys_times(dk_weight, q_abs) + eta_ds * mask.row_sums(
-                q_abs.sum(1), keys.stop - keys.start
-            )
+            dk_error[b, keys, g] += _keys_times(dk_weight, q_abs) + eta_ds * seeing_q
             del dk_weight, b_ds, ds_abs
             if query_partials is not None:
                 assert ds is not None
@@ -621,6 +653,7 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             dv_partial[b[0], :, g[0]], dk_partial[b[0], :, g[0]] = query_partials.finish()
 
     bounds = {"out": bound_out, "lse": bound_lse}
+    shares = {"out": flush_out, "lse": torch.zeros_like(bound_lse)} if flush_shares else {}
     if backward:
         n_key = n_key[None, :, None, None]
         seen_key = (n_key > 0).to(torch.float64)
@@ -646,11 +679,16 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
             + u * scale * dk_partial
             + eta * partial_roundings
         )
+        if flush_shares:
+            # (12)
+            shares["dq"] = flush_dq
+            shares["dv"] = flush_dv + 3 * (n_key + group) * seen_key * eta_a
+            shares["dk"] = scale * flush_dk + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
     for name, bound in bounds.items():
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
         # (11)
-        certified = 0.0 if flush_only else float(golden.certified_bound.get(name, 0.0))
+        certified = float(golden.certified_bound.get(name, 0.0))
         if certified:
             bound += certified * _largest_finite(getattr(golden, name))
-    return bounds
+    return bounds, shares

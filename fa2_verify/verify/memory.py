@@ -99,14 +99,14 @@ MPF_BYTES = 256
 
 #: Float64 temporaries per element of an error-model chunk (:mod:`verify.error_model`:
 #: logits and their absolute value, magnitudes, P, Delta, P Delta, P's error,
-#: dP, |dP - D|, |dS|, dS's bound and the temporaries of the expressions forming
-#: them; the peak resident memory measured up to 34 with the allocator's reuse).
-ERROR_MODEL_CHUNK_COPIES = 36
+#: dP, |dP - D|, |dS|, dS's bound, the flush shares' ``F^dS`` and the temporaries of the expressions forming
+#: them; the peak resident memory measured up to 34 with the allocator's reuse, before ``F^dS``).
+ERROR_MODEL_CHUNK_COPIES = 37
 
 #: Float64 arrays of dK's size the error model holds besides the bounds: the
-#: four dK/dV accumulators and the temporaries of the final dK/dV expressions
-#: (docs/error-model.md, eqs. 7 and 9).
-ERROR_MODEL_KEY_COPIES = 8
+#: four dK/dV accumulators, the flush shares' two, and the temporaries of the final dK/dV expressions
+#: (docs/error-model.md, eqs. 7, 9 and 12).
+ERROR_MODEL_KEY_COPIES = 10
 
 #: Score blocks alive at once in the naive attention, in units of one block in
 #: the dtype (:mod:`verify.lowprec`: the scores, scaled and masked, the softmax
@@ -116,8 +116,8 @@ LOWPREC_SCORE_COPIES = 14
 
 #: Score blocks alive at once in the model kernel, in float32 (:mod:`verify.model_kernel`: the logits, masked,
 #: their exponentials and ``fl_T`` copy, the visibility mask, and the backward's ``P``, ``dP``, ``dS``, and the
-#: premise's ``|dO| |V|^T`` and weighted copies).
-MODEL_SCORE_COPIES = 13
+#: premise's weighted ``|dP - D|``).
+MODEL_SCORE_COPIES = 11
 
 #: Float64 arrays of an output's size alive while the noise verdicts judge it (:func:`verify.noise_verdicts.judge`:
 #: the golden, the kernel's and the model's outputs canonical, the errors, units, ``r``, leans and group sums;
@@ -233,7 +233,7 @@ def estimate(
     noise_work = NOISE_VERDICT_COPIES * FLOAT64 * judged_at_once if judged else 0
     drawn = values.draw_bytes(spec)
     drawn_on_device = values.draw_device(spec, device).type == "cuda"
-    # bfloat16: the bounds' share for float32 flushing, a second pass of the error model (noise_verdicts.flush_matters)
+    # bfloat16: the bounds' shares for float32 flushing, made in the error model's pass (noise_verdicts.flush_matters)
     flush_shares = bounds if judged and noise_verdicts.flush_matters(spec.torch_dtype) else 0
 
     return Estimate(
@@ -241,12 +241,11 @@ def estimate(
             Stage("inputs", inputs + (drawn if drawn_on_device else 0), 0 if drawn_on_device else drawn),
             Stage("kernel", inputs + 2 * outputs + handed + workspace, 0),
             Stage("golden", held_device + golden_work, golden_host),
-            Stage("error model", held_device + golden_outputs + error_model_work, 0),
-            Stage("naive attention", held_device + golden_outputs + bounds + naive_outputs + naive_work, 0),
-            Stage("model kernel", held_device + golden_outputs + bounds + naive_outputs + model_outputs + model_work, 0),
-            Stage("flush shares", held_device + golden_outputs + bounds + naive_outputs + model_outputs
-                  + (error_model_work if flush_shares else 0), 0),
-            Stage("comparison", held_device + golden_outputs + bounds + naive_outputs + model_outputs + flush_shares
+            Stage("error model", held_device + golden_outputs + error_model_work + flush_shares, 0),
+            Stage("naive attention", held_device + golden_outputs + bounds + flush_shares + naive_outputs + naive_work, 0),
+            Stage("model kernel", held_device + golden_outputs + bounds + flush_shares + naive_outputs + model_outputs
+                  + model_work, 0),
+            Stage("comparison", held_device + golden_outputs + bounds + flush_shares + naive_outputs + model_outputs
                   + max(compare_work, noise_work), 0),
         )
     )

@@ -110,7 +110,10 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
             difference = dout_rows @ v_rows.mT - delta
             ds = (p_rounded * difference).to(dtype).float()
             ds_signal[b, :, rows] = (p * difference.abs()).sum(-1)
-            ds_magnitude[b, :, rows] = (p * (dout_rows.abs() @ v_rows.abs().mT + delta.abs())).sum(-1)
+            # sum_j P_ij (|dO_i| . |V_j| + |D_i|) as |dO_i| . (sum_j P_ij |V_j|) + |D_i| sum_j P_ij: one product,
+            # no (rows x keys) temporary
+            ds_magnitude[b, :, rows] = ((dout_rows.abs() * (p @ v_rows.abs())).sum(-1)
+                                        + delta.abs()[..., 0] * p.sum(-1))
             dq[b, rows] = (scale * (ds @ k_rows)).to(dtype).transpose(0, 1)
             dk_heads = scale * (ds.mT @ q_rows)
             dv_heads = p_rounded.mT @ dout_rows

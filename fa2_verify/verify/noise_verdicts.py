@@ -475,7 +475,7 @@ def judge(spec: CaseSpec, output: str, actual: torch.Tensor, expected: torch.Ten
     The output is judged :func:`batches_per_part` batches at a time (every tensor here is batch-first), and the
     records of the parts merged (:func:`_merged`).  The statistical record's ``judged`` is the share of the
     output's elements under the premise.  ``flush_share`` (where :func:`flush_matters`) is the share of
-    ``bound`` for float32 flushing (:func:`verify.error_model.first_order_bounds` with ``flush_only``):
+    ``bound`` for float32 flushing (:func:`verify.error_model.bounds_and_flush_shares`, eq. 12):
     elements where it exceeds ``u / 8`` of ``|x*|`` are left to the worst-case verdict.
     """
     step = batches_per_part(actual[0].numel())

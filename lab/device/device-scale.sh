@@ -20,6 +20,8 @@
 # --hypothesis-seed (several calls of a few minutes each then add up to a long search);
 # FA2_SCALE_STACKS=FILE samples the profile's Python stacks with py-spy (on PATH) into FILE
 # (collapsed stacks, lab/probes/stack_summary.py reads them).
+# FA2_BEFORE_ROOT=DIR (relative to the repository) runs the fa2_verify package in DIR instead of this tree's
+# (e.g. `git archive COMMIT fa2_verify` there): a "before" side of a comparison on the same machine.
 # Exit status: 0 when triton and torch-flash pass, every mutant fails (exit 1)
 # and the profile run ends without a failure.
 set -uo pipefail
@@ -27,6 +29,9 @@ cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
 source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
+if [[ -n "${FA2_BEFORE_ROOT:-}" ]]; then
+    export PYTHONPATH="$PWD/$FA2_BEFORE_ROOT:$PYTHONPATH"
+fi
 out="${1:-gpu-out/scale}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"
 mutants="$(python3 -c 'from tests.mutants import SCALE_MUTANTS; print(" ".join(f"tests.mutants:{n}" for n in SCALE_MUTANTS))')"

@@ -10,7 +10,9 @@ takes the scale set of ``--device`` instead (``app.cases.scale``).  Per case,
 forward and backward, the kernel (``--kernel``, default ``reference``) runs
 and the golden is computed untimed; then the sub-steps of
 :class:`verify.check.OutputJudge` are timed, each synchronised: the error
-model's bounds, the naive low-precision attention, the model kernel, and per
+model's bounds with a bfloat16 case's flush shares (``flush_shares``, a second
+pass of the error model, in a tree from before they shared its pass), the
+naive low-precision attention, the model kernel, and per
 output :func:`verify.metrics.compare` and :func:`verify.noise_verdicts.judge`
 (summed over outputs), and the whole comparison end to end
 (:func:`verify.check.compare_outputs`).  ``--profile`` prints cProfile's top
@@ -56,9 +58,16 @@ def probe(kernel, spec: CaseSpec, device: str, profile: bool, cuda_profile: bool
     golden = check.golden_for(case)
     partials = check.partial_sums_of(kernel, case)
     timings: dict[str, float] = {}
-    bounds, timings["bounds"] = timed(device, error_model.first_order_bounds, case, golden, partials)
-    naive, timings["naive_attention"] = timed(device, lowprec.naive_attention, case)
     judged = noise_verdicts.judged_outputs(spec, partials)
+    flush = bool(judged) and noise_verdicts.flush_matters(spec.torch_dtype)
+    if hasattr(error_model, "bounds_and_flush_shares"):  # the shares made in the bounds' pass
+        (bounds, shares), timings["bounds"] = timed(device, error_model.bounds_and_flush_shares, case, golden,
+                                                    partials, flush_shares=flush)
+    else:  # a tree from before: the shares are a second pass of the error model
+        bounds, timings["bounds"] = timed(device, error_model.first_order_bounds, case, golden, partials)
+        shares, timings["flush_shares"] = (timed(device, error_model.first_order_bounds, case, golden, partials,
+                                                 flush_only=True) if flush else ({}, 0.0))
+    naive, timings["naive_attention"] = timed(device, lowprec.naive_attention, case)
     model, timings["model_attention"] = timed(device, model_kernel.model_attention, case, actual)
     timings["compare"] = timings["judge"] = 0.0
     for name, tensor in actual.items():
@@ -67,7 +76,8 @@ def probe(kernel, spec: CaseSpec, device: str, profile: bool, cuda_profile: bool
                             threshold=error_model.THRESHOLDS[name], lowprec=naive.get(name))
         timings["compare"] += seconds
         if name in judged:
-            _, seconds = timed(device, noise_verdicts.judge, spec, name, tensor, expected, bounds[name], model)
+            _, seconds = timed(device, noise_verdicts.judge, spec, name, tensor, expected, bounds[name], model,
+                               shares.get(name))
             timings["judge"] += seconds
     del bounds, naive, model
     comparisons, timings["end to end"] = timed(device, check.compare_outputs, kernel, case, actual, golden)

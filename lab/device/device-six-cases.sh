@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 30's six long scale cases against triton, before and after a change, in one call on one GPU:
+#   lab/device/device-six-cases.sh [BEFORE_ROOT]
+# 1. `run --cases scale` on the six cases with the package in BEFORE_ROOT (default .bench-before-32,
+#    `git archive f9f2fc6 fa2_verify`), then with this tree's (lab/device/device-scale.sh): kernel, golden and
+#    comparison seconds per case -> $OUT/run-before.log, $OUT/run-after.log;
+# 2. lab/probes/probe_comparison_phases.py on the same cases, this tree: the comparison's sub-steps
+#    -> $OUT/compare-after.jsonl.
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
+before=${1:-.bench-before-32}
+nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
+cases="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16
+sk131072-none-fp16"
+for side in before after; do
+    echo "== $side"
+    root=""
+    [[ $side == before ]] && root=$before
+    FA2_BEFORE_ROOT=$root FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 FA2_SCALE_CASES="${cases//$'\n'/ }" \
+        bash lab/device/device-scale.sh "/tmp/six-$side" 2>&1 | grep -v '^$' | tail -n 3
+    cp "/tmp/six-$side/run-triton.log" "$OUT/run-$side.log"
+    grep -A 8 "kernel s" "$OUT/run-$side.log"
+done
+# shellcheck disable=SC2086  # the case names are words
+python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases $cases \
+    2>&1 | tee "$OUT/compare-after.jsonl"
