@@ -29,8 +29,11 @@ cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
 source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
+fa2=(python3 -m fa2_verify)
 if [[ -n "${FA2_BEFORE_ROOT:-}" ]]; then
-    export PYTHONPATH="$PWD/$FA2_BEFORE_ROOT:$PYTHONPATH"
+    # `python3 -m` puts the working directory (this tree) first on sys.path, ahead of PYTHONPATH
+    fa2=(python3 -c 'import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); runpy.run_module("fa2_verify", run_name="__main__")'
+        "$PWD/$FA2_BEFORE_ROOT")
 fi
 out="${1:-gpu-out/scale}"
 mkdir -p "$out" "$TRITON_CACHE_DIR"
@@ -44,7 +47,7 @@ done
 declare -A status
 for target in "${targets[@]}"; do
     name="${target##*:}"
-    python3 -m fa2_verify run --kernel "$target" --device cuda --cases scale "${selected[@]}" \
+    "${fa2[@]}" run --kernel "$target" --device cuda --cases scale "${selected[@]}" \
         --report "$out/run-$name" --overwrite >"$out/run-$name.log" 2>&1
     status[$target]=$?
     echo "== run --cases scale --kernel $target: exit ${status[$target]}"
