@@ -44,6 +44,24 @@ def test_draws_have_their_distributions():
     assert sorted(rng.permutation(1000).tolist()) == list(range(1000))
 
 
+def test_draws_do_not_depend_on_the_chunk_or_the_threads(monkeypatch):
+    """A value is a function of its counter: chunks of 7 counters per thread, on one thread or three, give the
+    draws of the default chunks."""
+    from fa2_verify.core import counter_rng
+
+    default = CounterRNG(4)
+    expected = [default.normal((2001,)), default.integers(13, (999,))]
+    monkeypatch.setattr(counter_rng, "_CPU_THREAD_COUNTERS", 7)
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 3):
+            torch.set_num_threads(count)
+            rng = CounterRNG(4)
+            assert torch.equal(rng.normal((2001,)), expected[0]) and torch.equal(rng.integers(13, (999,)), expected[1])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_draws_are_numbered_in_order_and_keyed_by_the_seed():
     first, again, other = CounterRNG(5), CounterRNG(5), CounterRNG(6)
     a, b = first.normal((33,)), first.normal((33,))

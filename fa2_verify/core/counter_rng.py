@@ -34,9 +34,10 @@ _MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
 _KEY_STEPS = (0x9E3779B9, 0xBB67AE85)
 ROUNDS = 10
 
-#: Counters per chunk of a draw (on the CPU, on CUDA): the int64 temporaries stay in the CPU's cache,
-#: and a CUDA launch has work enough.
-_CHUNK_COUNTERS = (1 << 16, 1 << 22)
+#: Counters per chunk of a draw, on the CPU per intra-op thread (each thread's int64 temporaries stay in its
+#: cache, and every thread has work: torch splits an elementwise operation into grains of 2^15), on CUDA
+#: per launch (work enough).  A value depends on its counter only, never on the chunking.
+_CPU_THREAD_COUNTERS, _CUDA_CHUNK_COUNTERS = 1 << 16, 1 << 22
 
 #: 2^-53: a 53-bit integer times this is a float64 in [0, 1), exactly.
 _UNIT = 2.0**-53
@@ -151,7 +152,7 @@ class CounterRNG:
         count = math.prod(shape)
         counters = -(-count // 2)
         values = torch.empty((counters, 2), dtype=dtype, device=where)
-        chunk = _CHUNK_COUNTERS[where.type == "cuda"]
+        chunk = _CUDA_CHUNK_COUNTERS if where.type == "cuda" else _CPU_THREAD_COUNTERS * torch.get_num_threads()
         for start in range(0, counters, chunk):
             index = torch.arange(start, min(counters, start + chunk), dtype=torch.int64, device=where)
             counter = torch.stack((index & _MASK32, index >> 32, torch.full_like(index, draw), torch.zeros_like(index)), -1)
