@@ -64,3 +64,20 @@ def test_blocked_attentions_are_the_masked_attention_in_the_case_dtype(monkeypat
         scores = (case.q.float().transpose(1, 2) @ case.k.float().transpose(1, 2).repeat_interleave(group, 1).mT
                   * case.spec.scale).abs()
         torch.testing.assert_close(result["logit_max"], scores.masked_fill(~visible, 0.0).amax(-1))
+
+
+@pytest.mark.parametrize("attention", [lowprec.naive_attention, model_kernel.model_attention],
+                         ids=["naive", "model"])
+def test_a_chunk_of_batches_gives_the_outputs_of_one_batch_at_a_time(monkeypatch, attention):
+    """Many short sequences (9 batches of 3 x 5 scores) in one chunk give bitwise the outputs of a loop over the
+    batches, on the CPU."""
+    spec = CaseSpec(batch=9, seqlen_q=3, seqlen_k=5, heads_q=4, heads_kv=2, head_dim=16, dtype="bfloat16", seed=3,
+                    backward=True, causal=True)
+    case = make_case(spec, "cpu")
+    _, blocks = lowprec.blocked_buffers(case)
+    assert lowprec.batch_chunks(case, blocks) == [slice(0, 9)]
+    chunked = attention(case)
+    monkeypatch.setattr(lowprec, "batch_chunks", lambda case, blocks: [slice(b, b + 1) for b in range(case.spec.batch)])
+    monkeypatch.setattr(model_kernel, "batch_chunks", lowprec.batch_chunks)
+    for name, single in attention(case).items():
+        assert torch.equal(chunked[name], single), name

@@ -10,8 +10,8 @@ kernel contract asks.
 It is only used for :func:`verify.metrics.flash_ratio` (docs/error-model.md,
 "Flash-attn ratio"), never for pass/fail decisions.  It runs one block of
 query rows at a time over only the keys those rows see
-(:func:`verify.error_model.masked_row_blocks`), for all query heads of one batch at
-once, masked only on the column bands some of its rows do not see, so no
+(:func:`verify.error_model.masked_row_blocks`), for all query heads of a chunk of batches
+(:func:`batch_chunks`) at once, masked only on the column bands some of its rows do not see, so no
 (seqlen_q x seqlen_k) tensor is formed and the ratio is reported
 at every length, 128k tokens included.  Row blocks change nothing for the
 rows' own outputs (``out``, ``lse``, ``dq``); ``dK`` and ``dV`` sum over every
@@ -55,6 +55,16 @@ def blocked_buffers(case: Case) -> tuple[dict[str, torch.Tensor], list[tuple[sli
     return buffers, blocks
 
 
+def batch_chunks(case: Case, blocks: list[tuple[slice, slice, BlockMask]]) -> list[slice]:
+    """Consecutive batches evaluated at once over the blocks of :func:`blocked_buffers`: as many as keep
+    ``batches x heads_q x`` the largest block's scores within :func:`verify.error_model.work_elements` (at least
+    one), so that many short sequences cost a few tensor operations rather than a Python loop over batches."""
+    spec = case.spec
+    largest = max(((rows.stop - rows.start) * (keys.stop - keys.start) for rows, keys, _ in blocks), default=1)
+    step = max(1, work_elements(case.q.device) // (spec.heads_q * max(largest, 1)))
+    return [slice(start, min(start + step, spec.batch)) for start in range(0, spec.batch, step)]
+
+
 def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     """``out``, ``lse`` (float32) and, when the case has a backward, ``dq``, ``dk``, ``dv``."""
     spec = case.spec
@@ -64,27 +74,27 @@ def naive_attention(case: Case) -> dict[str, torch.Tensor]:
     result = {"out": out, "lse": lse}
     if spec.backward:
         dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
-    for b in range(spec.batch):
-        # (heads_q, keys, head_dim): K and V repeated over the query heads of each group
-        keys_all = case.k[b].transpose(0, 1).repeat_interleave(group, dim=0)
-        values_all = case.v[b].transpose(0, 1).repeat_interleave(group, dim=0)
+    for batches in batch_chunks(case, blocks):
+        # (batches, heads_q, keys, head_dim): K and V repeated over the query heads of each group
+        keys_all = case.k[batches].transpose(1, 2).repeat_interleave(group, dim=1)
+        values_all = case.v[batches].transpose(1, 2).repeat_interleave(group, dim=1)
         for rows, keys, mask in blocks:
-            q_rows = case.q[b, rows].transpose(0, 1)
-            k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
+            q_rows = case.q[batches, rows].transpose(1, 2)
+            k_rows, v_rows = keys_all[:, :, keys], values_all[:, :, keys]
             logits = mask.mask_((q_rows @ k_rows.mT) * spec.scale, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
-            out[b, rows] = (probs @ v_rows).transpose(0, 1)
-            lse[b, :, rows] = torch.logsumexp(logits, dim=-1).float()
+            out[batches, rows] = (probs @ v_rows).transpose(1, 2)
+            lse[batches, :, rows] = torch.logsumexp(logits, dim=-1).float()
             if not spec.backward:
                 continue
-            dout_rows = case.dout[b, rows].transpose(0, 1)
+            dout_rows = case.dout[batches, rows].transpose(1, 2)
             dprobs = dout_rows @ v_rows.mT
             dlogits = probs * (dprobs - (dprobs * probs).sum(-1, keepdim=True)) * spec.scale
-            dq[b, rows] = (dlogits @ k_rows).transpose(0, 1)
+            dq[batches, rows] = (dlogits @ k_rows).transpose(1, 2)
             dk_heads = dlogits.float().mT @ q_rows.float()
             dv_heads = probs.float().mT @ dout_rows.float()
-            dk_sum[b, keys] += dk_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
-            dv_sum[b, keys] += dv_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
+            dk_sum[batches, keys] += dk_heads.unflatten(1, (spec.heads_kv, group)).sum(2).transpose(1, 2)
+            dv_sum[batches, keys] += dv_heads.unflatten(1, (spec.heads_kv, group)).sum(2).transpose(1, 2)
     if spec.backward:
         result.update(dq=dq, dk=dk_sum.to(case.k.dtype), dv=dv_sum.to(case.v.dtype))
     return result

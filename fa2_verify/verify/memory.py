@@ -219,7 +219,10 @@ def estimate(
 
     naive_outputs = outputs + (FLOAT32 * 2 * keys if gradients else 0)
     repeated_keys = spec.seqlen_k * spec.heads_q * spec.head_dim
-    naive_block = spec.heads_q * _block(work_elements(device) // max(spec.heads_q, 1), spec)
+    # the scores of one batch's block for all query heads, or of a chunk of batches within the work budget
+    # (verify.lowprec.batch_chunks)
+    batch_block = spec.heads_q * _block(work_elements(device) // max(spec.heads_q, 1), spec)
+    naive_block = max(batch_block, min(spec.batch * batch_block, work_elements(device)))
     naive_work = size * (LOWPREC_SCORE_COPIES * naive_block + 2 * repeated_keys)
     largest_output = max(queries, keys if gradients else 0, rows)
     compare_work = COMPARE_COPIES * FLOAT64 * min(largest_output, CHUNK_ELEMENTS)

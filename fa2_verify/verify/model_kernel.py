@@ -40,7 +40,8 @@ the size of the row's ``dS`` before its rounding to ``T``, and ``ds_magnitude``
 
 It runs one block of query rows at a time over the keys they see, masked on
 the column bands some of them do not see (:func:`verify.lowprec.blocked_buffers`),
-like :mod:`verify.lowprec`, so no (seqlen_q x seqlen_k) tensor is formed.
+for a chunk of batches at once (:func:`verify.lowprec.batch_chunks`), like :mod:`verify.lowprec`, so no
+(seqlen_q x seqlen_k) tensor is formed.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from __future__ import annotations
 import torch
 
 from fa2_verify.core.case import Case
-from fa2_verify.verify.lowprec import blocked_buffers
+from fa2_verify.verify.lowprec import batch_chunks, blocked_buffers
 
 
 def _softmax_block(logits: torch.Tensor, values: torch.Tensor, dtype: torch.dtype):
@@ -80,27 +81,27 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
     if spec.backward:
         dq, dk_sum, dv_sum = buffers["dq"], buffers["dk_sum"], buffers["dv_sum"]
         ds_signal, ds_magnitude = torch.zeros_like(logit_max), torch.zeros_like(logit_max)
-    for b in range(spec.batch):
-        # (heads_q, keys, head_dim) in float32: the T values, exactly, repeated over the query heads of a group
-        keys_all = case.k[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
-        values_all = case.v[b].transpose(0, 1).float().repeat_interleave(group, dim=0)
+    for batches in batch_chunks(case, blocks):
+        # (batches, heads_q, keys, head_dim) in float32: the T values, exactly, repeated over the query heads of a group
+        keys_all = case.k[batches].transpose(1, 2).float().repeat_interleave(group, dim=1)
+        values_all = case.v[batches].transpose(1, 2).float().repeat_interleave(group, dim=1)
         for rows, keys, mask in blocks:
-            q_rows = case.q[b, rows].transpose(0, 1).float()
-            k_rows, v_rows = keys_all[:, keys], values_all[:, keys]
+            q_rows = case.q[batches, rows].transpose(1, 2).float()
+            k_rows, v_rows = keys_all[:, :, keys], values_all[:, :, keys]
             logits = (q_rows @ k_rows.mT) * scale
-            logit_max[b, :, rows] = mask.row_max(logits.abs())[..., 0]
+            logit_max[batches, :, rows] = mask.row_max(logits.abs())[..., 0]
             mask.mask_(logits, float("-inf"))
-            o_rows, lse_rows, scale_errors[b, :, rows] = _softmax_block(logits, v_rows, dtype)
+            o_rows, lse_rows, scale_errors[batches, :, rows] = _softmax_block(logits, v_rows, dtype)
             o_rows = o_rows.to(dtype)
-            out[b, rows] = o_rows.transpose(0, 1)
-            lse[b, :, rows] = lse_rows
+            out[batches, rows] = o_rows.transpose(1, 2)
+            lse[batches, :, rows] = lse_rows
             if not spec.backward:
                 continue
             if given_out is not None:
-                o_rows = given_out[b, rows].transpose(0, 1)
+                o_rows = given_out[batches, rows].transpose(1, 2)
             if given_lse is not None:
-                lse_rows = given_lse[b, :, rows].float()
-            dout_rows = case.dout[b, rows].transpose(0, 1).float()
+                lse_rows = given_lse[batches, :, rows].float()
+            dout_rows = case.dout[batches, rows].transpose(1, 2).float()
             lse_safe = torch.where(torch.isfinite(lse_rows), lse_rows, 0.0)
             p = torch.exp(logits - lse_safe[..., None])  # 0 at the keys a row does not see
             delta = (dout_rows * o_rows.float()).sum(-1, keepdim=True)
@@ -109,16 +110,16 @@ def model_attention(case: Case, forward: dict[str, torch.Tensor] | None = None) 
             p_rounded = p.to(dtype).float()
             difference = dout_rows @ v_rows.mT - delta
             ds = (p_rounded * difference).to(dtype).float()
-            ds_signal[b, :, rows] = (p * difference.abs()).sum(-1)
+            ds_signal[batches, :, rows] = (p * difference.abs()).sum(-1)
             # sum_j P_ij (|dO_i| . |V_j| + |D_i|) as |dO_i| . (sum_j P_ij |V_j|) + |D_i| sum_j P_ij: one product,
             # no (rows x keys) temporary
-            ds_magnitude[b, :, rows] = ((dout_rows.abs() * (p @ v_rows.abs())).sum(-1)
-                                        + delta.abs()[..., 0] * p.sum(-1))
-            dq[b, rows] = (scale * (ds @ k_rows)).to(dtype).transpose(0, 1)
+            ds_magnitude[batches, :, rows] = ((dout_rows.abs() * (p @ v_rows.abs())).sum(-1)
+                                              + delta.abs()[..., 0] * p.sum(-1))
+            dq[batches, rows] = (scale * (ds @ k_rows)).to(dtype).transpose(1, 2)
             dk_heads = scale * (ds.mT @ q_rows)
             dv_heads = p_rounded.mT @ dout_rows
-            dk_sum[b, keys] += dk_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
-            dv_sum[b, keys] += dv_heads.unflatten(0, (spec.heads_kv, group)).sum(1).transpose(0, 1)
+            dk_sum[batches, keys] += dk_heads.unflatten(1, (spec.heads_kv, group)).sum(2).transpose(1, 2)
+            dv_sum[batches, keys] += dv_heads.unflatten(1, (spec.heads_kv, group)).sum(2).transpose(1, 2)
     if spec.backward:
         result.update(dq=dq, dk=dk_sum.to(case.k.dtype), dv=dv_sum.to(case.v.dtype), ds_signal=ds_signal,
                       ds_magnitude=ds_magnitude)
