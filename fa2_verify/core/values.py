@@ -79,8 +79,11 @@ def uniform(spec: "CaseSpec", rng: CounterRNG) -> Tensors:
 GENERATOR_COPIES = 3
 
 #: Largest float64 footprint of a case's draws (:func:`draw_bytes`) drawn on a CUDA device: a larger case is
-#: drawn on the host, with the same values, so drawing never holds more of a GPU than this.
-DEVICE_DRAW_BYTES = 8 * 2**30
+#: drawn on the host, with the same values, so drawing never holds more of a GPU than this.  A quarter of an
+#: 80 GB H100, the ``scale`` profile's budget per example (``properties.profiles.SCALE_MAX_BYTES``): its
+#: examples draw on the device (the host's Philox is about 30 times slower than an H100's), and only cases
+#: past it, such as the scale set's ``q-over-2^31`` (87 GiB), on the host.
+DEVICE_DRAW_BYTES = 20 * 2**30
 
 
 def draw_bytes(spec: "CaseSpec") -> int:

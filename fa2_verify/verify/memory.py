@@ -21,7 +21,7 @@ elements, ``R = batch*heads_q*seqlen_q`` rows and
 
 * *inputs* (:func:`core.case.make_case`): the float64 draws ``8 (2Q + 2K)``
   with the generator's temporaries (:func:`core.values.draw_bytes`), on the
-  case's device unless larger than ``core.values.DEVICE_DRAW_BYTES`` (then on
+  case's device unless larger than ``core.values.DEVICE_DRAW_BYTES``, 20 GiB (then on
   the host), then the inputs ``s (2Q + 2K)`` on the device;
 * *kernel* (device): the outputs and their clones, ``2 (s (2Q + 2K) + 4R)``,
   the copies of ``out`` and ``lse`` handed to the backward, and an FA2
