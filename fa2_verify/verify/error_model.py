@@ -571,6 +571,7 @@ def bounds_and_flush_shares(
             bound_out_pairs[b, rows, g] = b_out.transpose(1, 2)
             if flush_shares:
                 # (12)
+                assert flush_out_pairs is not None
                 f_out = eta_a * visible_v + 3 * n[..., None] * eta_a
                 flush_out_pairs[b, rows, g] = f_out.transpose(1, 2)
             # (3)
@@ -608,6 +609,7 @@ def bounds_and_flush_shares(
             visible_k = mask.key_sums(k_abs)[:, None]
             if flush_shares:
                 # (12), from |dP - D| before it becomes |dS|
+                assert flush_dq_pairs is not None
                 f_ds = mask.mask_(torch.mul(p, (dout_abs * f_out).sum(-1, keepdim=True)).add_(centered, alpha=eta_a))
                 flush_dq_pairs[b, rows, g] = (
                     scale * (_rows_times(f_ds, k_abs) + eta_a * (2 * head_dim + 2) * visible_k)
