@@ -487,7 +487,9 @@ def bounds_and_flush_shares(
         delta = on_device(golden.delta) if golden.delta is not None else None
         dq_expected = on_device(golden.dq)
         # (6)'s eta terms: the one in |dP - D| masked with the rest of dS's bound, the constant summed by keys
-        eta_centered, eta_ds = eta + eta_a, eta + eta_a * (2 * head_dim + 2)
+        # (12)'s share of that constant, eta_a (2d + 2)
+        eta_a_ds = eta_a * (2 * head_dim + 2)
+        eta_centered, eta_ds = eta + eta_a, eta + eta_a_ds
 
     bound_out = torch.empty_like(out)
     bound_lse = torch.empty_like(lse)
@@ -560,19 +562,21 @@ def bounds_and_flush_shares(
                 weight_error = u_f + u_a * (2 * row_max + 2 * log_n[rows][..., None] + 1)
                 pv_coefficient = pv_coefficient + (u + weight_error + 2 * filled[rows][..., None] + u_a)
             visible_v = mask.key_sums(v_abs)[:, None]
+            # the accumulation's flushes, in the bound and in its flush share (12)
+            out_flushes = 3 * n[..., None] * eta_a
             b_out = (
                 _rows_times(p_delta.addcmul_(p, pv_coefficient), v_abs)
                 + (u + gamma_out[rows][..., None] + u_a + p_delta_sum) * o_abs
                 + (eta + eta_a) * visible_v
                 + (2 * eta if out_splits > 1 else eta)
-                + 3 * n[..., None] * eta_a
+                + out_flushes
             )
             del p_delta
             bound_out_pairs[b, rows, g] = b_out.transpose(1, 2)
             if flush_shares:
                 # (12)
                 assert flush_out_pairs is not None
-                f_out = eta_a * visible_v + 3 * n[..., None] * eta_a
+                f_out = eta_a * visible_v + out_flushes
                 flush_out_pairs[b, rows, g] = f_out.transpose(1, 2)
             # (3)
             b_lse = (
@@ -607,15 +611,16 @@ def bounds_and_flush_shares(
             del dv_weight
             seeing_q = mask.row_sums(q_abs.sum(1), keys.stop - keys.start)
             visible_k = mask.key_sums(k_abs)[:, None]
+            # (8)'s flushes of the accumulation, in the bound and in its flush share (12)
+            dq_flushes = 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
             if flush_shares:
                 # (12), from |dP - D| before it becomes |dS|
                 assert flush_dq_pairs is not None
                 f_ds = mask.mask_(torch.mul(p, (dout_abs * f_out).sum(-1, keepdim=True)).add_(centered, alpha=eta_a))
                 flush_dq_pairs[b, rows, g] = (
-                    scale * (_rows_times(f_ds, k_abs) + eta_a * (2 * head_dim + 2) * visible_k)
-                    + 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
+                    scale * (_rows_times(f_ds, k_abs) + eta_a_ds * visible_k) + dq_flushes
                 ).transpose(1, 2)
-                flush_dk[b, keys, g] += _keys_times(f_ds, q_abs) + eta_a * (2 * head_dim + 2) * seeing_q
+                flush_dk[b, keys, g] += _keys_times(f_ds, q_abs) + eta_a_ds * seeing_q
                 flush_dv[b, keys, g] += eta_a * seeing_dout
                 del f_ds
             # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij| below
@@ -629,7 +634,7 @@ def bounds_and_flush_shares(
                 scale * (_rows_times(dq_weight, k_abs) + eta_ds * visible_k)
                 + u * dq_pairs[b, rows, g].transpose(1, 2).abs()
                 + eta
-                + 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
+                + dq_flushes
             )
             del dq_weight
             if partials.dq_keys is not None:
@@ -660,6 +665,9 @@ def bounds_and_flush_shares(
         n_key = n_key[None, :, None, None]
         seen_key = (n_key > 0).to(torch.float64)
         eta_group = eta + (group if group > 1 else 0) * eta * seen_key
+        # (7)'s and (9)'s flushes of the accumulation, in the bounds and in their flush shares (12)
+        dv_flushes = 3 * (n_key + group) * seen_key * eta_a
+        dk_flushes = 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
         bounds["dq"] = bound_dq
         # (7b), (9b): eta for each intermediate rounding of the partial sums (the same count for every kv head)
         partial_roundings = 0.0 if query_partials is None else query_partials.roundings()[None, :, None, None]
@@ -668,7 +676,7 @@ def bounds_and_flush_shares(
             dv_error
             + u * on_device(golden.dv).abs()
             + eta_group
-            + 3 * (n_key + group) * seen_key * eta_a
+            + dv_flushes
             + u * dv_partial
             + eta * partial_roundings
         )
@@ -677,15 +685,15 @@ def bounds_and_flush_shares(
             scale * dk_error
             + u * on_device(golden.dk).abs()
             + eta_group
-            + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
+            + dk_flushes
             + u * scale * dk_partial
             + eta * partial_roundings
         )
         if flush_shares:
             # (12)
             shares["dq"] = flush_dq
-            shares["dv"] = flush_dv + 3 * (n_key + group) * seen_key * eta_a
-            shares["dk"] = scale * flush_dk + 3 * (n_key + group + 2) * seen_key * max(1.0, scale) * eta_a
+            shares["dv"] = flush_dv + dv_flushes
+            shares["dk"] = scale * flush_dk + dk_flushes
     for name, bound in bounds.items():
         # (10)
         bound *= 1 + SECOND_ORDER_UNITS * u
