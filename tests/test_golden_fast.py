@@ -168,7 +168,7 @@ def test_fast_blocks_skip_keys_the_mask_hides(monkeypatch):
     monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 16 * 64)
     problem = _problem(seqlen_q=64, seqlen_k=64)
     plan = fast.blocks(problem)
-    assert [(b.rows.start, b.rows.stop, b.keys.start, b.keys.stop, b.full) for b in plan][1] == (32, 51, 0, 51, False)
+    assert [(b.rows.start, b.rows.stop, b.keys.start, b.keys.stop, not b.mask.bands) for b in plan][1] == (32, 51, 0, 51, False)
     window = inputs.prepare(*_case(seqlen_q=64, seqlen_k=64), softmax_scale=0.45, causal=False, window_size=(3, 2))
     assert [(b.keys.start, b.keys.stop) for b in fast.blocks(window)][1] == (28, 62)
 
@@ -204,7 +204,7 @@ def test_block_plan_covers_every_visible_pair_once_within_the_budget(monkeypatch
         assert rows == 1 or rows * keys <= budget
         covered[block.rows, block.keys] += 1
         shared = np.ones(keys, dtype=bool)
-        for band in block.bands:
+        for band in block.mask.bands:
             shared[band] = False
         assert visible[block.rows, block.keys][:, shared].all()
     assert (covered[visible] == 1).all()
@@ -240,8 +240,8 @@ def test_tiny_blocks_masked_on_their_bands_match_mpmath(monkeypatch, name):
     q, k, v, dout = _case(heads_q=2, heads_kv=1, **shape)
     monkeypatch.setitem(fast.BLOCK_ELEMENTS, "cpu", 12)
     plan = fast.blocks(inputs.prepare(q, k, v, dout, **{"window_size": (-1, -1), "causal": False, **call}))
-    assert len(plan) >= 3 and any(not b.full for b in plan)
-    assert "two-bands" not in name or any(len(b.bands) == 2 for b in plan)
+    assert len(plan) >= 3 and any(b.mask.bands for b in plan)
+    assert "two-bands" not in name or any(len(b.mask.bands) == 2 for b in plan)
     expected = golden.compute(q, k, v, dout, **call, options=MPMATH)
     actual = golden.compute(q, k, v, dout, **call, options=FAST)
     _assert_close_to_mpmath(expected, actual, 2.0**-46)

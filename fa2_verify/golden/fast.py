@@ -102,14 +102,6 @@ class _Block:
     mask: row_blocks.BlockMask
     empty: torch.Tensor
 
-    @property
-    def bands(self) -> tuple[slice, ...]:
-        return self.mask.bands
-
-    @property
-    def full(self) -> bool:
-        return not self.mask.bands
-
 
 def blocks(problem: HeadMajorInputs) -> list[_Block]:
     """The row blocks of one head, rows that see no key skipped, each over the span of keys its rows see
