@@ -12,14 +12,12 @@ source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 before=${1:-.bench-before-31}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-long=(s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16
-    sk131072-none-fp16)
 echo "== after"
-python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long[@]}" \
+python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long_cases[@]}" \
     2>&1 | tee "$OUT/compare-after.jsonl"
 echo "== before ($before)"
 PYTHONPATH="$PWD/$before:$PYTHONPATH" python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton \
-    --scale-set --cases "${long[@]}" 2>&1 | tee "$OUT/compare-before.jsonl"
+    --scale-set --cases "${long_cases[@]}" 2>&1 | tee "$OUT/compare-before.jsonl"
 python3 lab/probes/probe_golden_phases.py --device cuda --shapes 1x1x131072x128c --profile 2>&1 \
     | tee "$OUT/golden-131072-profile.txt" | tail -n 1
 python3 benchmarks/bench_golden.py --device cuda --repeats 3 --mp-seqlen 0 --seqlen 131072 --causal 2>&1 \

@@ -12,9 +12,7 @@ cd "$(dirname "$0")/../.." || exit 2
 source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-long=(s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16
-    sk131072-none-fp16)
-python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long[@]}" \
+python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long_cases[@]}" \
     2>&1 | tee "$OUT/compare-phases.jsonl"
 python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set \
     --cases s65537-window-bf16 s131072-causal-bf16 --profile --cuda-profile >"$OUT/compare-profile.txt" 2>&1

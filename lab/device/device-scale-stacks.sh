@@ -8,13 +8,15 @@
 # The device tool brings back at most 8 files: the logs, the summaries and the stacks go to $OUT flat.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
+# shellcheck source=lab/device/device-common.sh
+source lab/device/device-common.sh
 seconds=${1:-390}
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/spy .whl-spy/*.whl || exit 2
 export PATH="/tmp/spy/bin:$PATH"
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 work=/tmp/scale
 FA2_SCALE_TARGETS="${FA2_SCALE_TARGETS-triton}" FA2_SCALE_PROFILE_SECONDS="$seconds" FA2_SCALE_STACKS="$OUT/stacks.txt" \
-    FA2_SCALE_CASES="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16 sk131072-none-fp16" \
+    FA2_SCALE_CASES="${long_cases[*]}" \
     bash lab/device/device-scale.sh "$work" 2>&1 | tail -n 40
 cp "$work/properties-scale.log" "$OUT/"
 cp "$work/run-triton.log" "$OUT/" 2>/dev/null

@@ -13,17 +13,14 @@ source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 before=${1:-.bench-before-32}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-cases="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16
-sk131072-none-fp16"
 for side in before after; do
     echo "== $side"
     root=""
     [[ $side == before ]] && root=$before
-    FA2_BEFORE_ROOT=$root FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 FA2_SCALE_CASES="${cases//$'\n'/ }" \
+    FA2_BEFORE_ROOT=$root FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 FA2_SCALE_CASES="${long_cases[*]}" \
         bash lab/device/device-scale.sh "/tmp/six-$side" 2>&1 | grep -v '^$' | tail -n 3
     cp "/tmp/six-$side/run-triton.log" "$OUT/run-$side.log"
     grep -A 8 "kernel s" "$OUT/run-$side.log"
 done
-# shellcheck disable=SC2086  # the case names are words
-python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases $cases \
+python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long_cases[@]}" \
     2>&1 | tee "$OUT/compare-after.jsonl"

@@ -20,5 +20,5 @@ python3 benchmarks/bench_golden.py "${common[@]}" --seqlen 131072 --causal 2>&1 
 python3 benchmarks/bench_golden.py "${common[@]}" --heads 32 --heads-kv 4 --seqlen 16384 --head-dim 256 --causal \
     --dtype bfloat16 2>&1 | tee "$OUT/golden-gqa-hd256.md"
 FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS="$seconds" \
-    FA2_SCALE_CASES="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16 sk131072-none-fp16" \
+    FA2_SCALE_CASES="${long_cases[*]}" \
     lab/device/device-scale.sh "$OUT/scale" 2>&1 | tail -n 30

@@ -26,7 +26,7 @@ for kernel in triton torch-flash; do
     python3 -m fa2_verify gate --kernel "$kernel" --device cuda --baseline "$OUT/$kernel-$tag.json" 2>&1 | tail -n 2
 done
 FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS="${1:-0}" \
-    FA2_SCALE_CASES="s16384-none-fp16 s16384-hd256-gqa8-causal-bf16 sk65537-none-fp16 s65537-window-bf16 s131072-causal-bf16 sk131072-none-fp16" \
+    FA2_SCALE_CASES="${long_cases[*]}" \
     bash lab/device/device-scale.sh /tmp/scale 2>&1 | grep -v '^$' | tail -n 25
 for file in run-triton.log properties-scale.log scale-profile.md; do
     cp "/tmp/scale/$file" "$OUT/" 2>/dev/null
