@@ -14,8 +14,10 @@
 # (restore it there to replay old failures).  Keep $TRITON_CACHE_DIR between runs:
 # on an empty cache the triton suite spends minutes compiling.  With FA2_WARMUP=1
 # (and FA2_KERNEL=triton on a GPU), `fa2-verify warmup` first compiles the variants
-# the profile needs in parallel, one process per CPU core (opt-in: the suite
-# compiles whatever is missing on its own).  With FA2_MPS=1 on a GPU it starts
+# the profile needs in parallel, one process per CPU core; with FA2_WARMUP=background
+# it compiles them beside the suite, on the cores the workers leave idle (the
+# `scale` profile runs one worker per GPU), and is stopped when the suite ends
+# (opt-in: the suite compiles whatever is missing on its own).  With FA2_MPS=1 on a GPU it starts
 # NVIDIA's Multi-Process Service for the run (and stops it at exit), so the
 # workers' small golden and comparison kernels share the GPU instead of
 # time-slicing it one process at a time (docs/benchmarks.md: a warm `ci` run
@@ -35,12 +37,28 @@ if [[ "$FA2_DEVICE" == cuda* ]]; then
 else
     workers="${FA2_WORKERS:-2}"
 fi
-if [[ "${FA2_WARMUP:-0}" == 1 && "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cuda* ]]; then
-    "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$(nproc)"
+case "${FA2_WARMUP:-0}" in
+0 | 1 | background) ;;
+*) echo "FA2_WARMUP=$FA2_WARMUP: use 0, 1 or background" >&2; exit 2 ;;
+esac
+at_exit=()
+if [[ "${FA2_WARMUP:-0}" != 0 && "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cuda* ]]; then
+    if [[ "$FA2_WARMUP" == background ]]; then
+        idle=$(($(nproc) - workers))
+        # its own process group (setsid), so that stopping it stops its compiler processes too
+        setsid "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$((idle > 0 ? idle : 1))" &
+        at_exit+=("kill -- -$! 2>/dev/null")
+    else
+        "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$(nproc)"
+    fi
 fi
 if [[ "${FA2_MPS:-0}" == 1 && "$FA2_DEVICE" == cuda* ]]; then
     nvidia-cuda-mps-control -d
-    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    at_exit+=("echo quit | nvidia-cuda-mps-control")
+fi
+if ((${#at_exit[@]})); then
+    # shellcheck disable=SC2064  # the commands are fixed now, the warm-up's pid among them
+    trap "$(printf '%s; ' "${at_exit[@]}")" EXIT
 fi
 checks=()
 # One runner's shard I/N of the suite (the nightly matrix; docs/reports-and-gate.md, "Sharding the suite over runners").

@@ -367,3 +367,18 @@ def test_fresh_golden_claiming_more_than_the_limit_is_an_error_and_is_not_cached
     with pytest.raises(GoldenError, match=r"certified_bound\['out'\]=1.8\d*e-12 is not a number from 0 to 9.09e-13"):
         _compute(tmp_path, method="fast")
     assert _entries(tmp_path) == []
+
+
+def test_an_entry_over_the_limit_of_its_device_is_recomputed_and_not_stored(tmp_path, monkeypatch):
+    """``fits``: up to MAX_ENTRY_BYTES of float64 outputs on the CPU, MAX_DEVICE_ENTRY_BYTES for a golden
+    computed on a GPU; ``compute`` stores nothing larger."""
+    elements = cache.MAX_DEVICE_ENTRY_BYTES // 8
+    assert cache.fits({"out": (elements,)}, "cuda") and not cache.fits({"out": (elements + 1,)}, "cuda")
+    assert cache.fits({"out": (elements + 1,)}, "cpu") and not cache.fits({"out": (cache.MAX_ENTRY_BYTES // 8 + 1,)}, "cpu")
+    outputs_bytes = 8 * sum(getattr(_compute(None), name).numel() for name in OUTPUTS)
+    monkeypatch.setattr(cache, "MAX_ENTRY_BYTES", outputs_bytes - 8)
+    _compute(tmp_path)
+    assert _entries(tmp_path) == []
+    monkeypatch.setattr(cache, "MAX_ENTRY_BYTES", outputs_bytes)
+    _compute(tmp_path)
+    assert len(_entries(tmp_path)) == 1

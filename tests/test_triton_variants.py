@@ -159,3 +159,14 @@ def test_warmup_draws_are_derandomized_or_drawn_from_a_seed():
 
     assert profile_cases("ci", 3) == profile_cases("ci", 3)
     assert profile_cases("ci", 3, seed=5) == profile_cases("ci", 3, seed=5) != profile_cases("ci", 3)
+
+
+def test_warmup_draws_come_draw_major():
+    """Every property's first draw comes before any property's second (``drawn_cases``), so a warm-up beside
+    the suite compiles the variants of the suite's first examples first: the draws of one example each are
+    the first cases of the draws of three."""
+    from fa2_verify.properties.draws import profile_cases
+
+    first = profile_cases("ci", 1)
+    assert len(set(first)) > 1
+    assert profile_cases("ci", 3)[: len(first)] == first

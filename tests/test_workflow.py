@@ -249,3 +249,47 @@ def test_the_report_job_merges_every_shards_results_even_after_a_red_shard(shard
     report = (CI / "report.sh").read_text()
     assert 'results=("$FA2_OUT"/shards/*/allure-results)' in report
     assert 'merged=(--merged-results "$FA2_OUT/allure-results")' in report
+
+
+def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
+    """ci/properties.sh on a stand-in GPU runner: an ``nvidia-smi`` that lists one GPU and a venv whose
+    ``python`` logs its arguments; its warm-up writes its pid and sleeps, its pytest waits for that pid."""
+    bin_dir, venv_bin = tmp_path / "bin", tmp_path / "venv" / "bin"
+    bin_dir.mkdir()
+    venv_bin.mkdir(parents=True)
+    (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'GPU 0: stand-in'\n")
+    (venv_bin / "python").write_text(
+        "#!/usr/bin/env bash\n"
+        'echo "$*" >>"$FAKE_LOG"\n'
+        'if [[ "$*" == *" warmup "* ]]; then echo $$ >"$FAKE_PID"; exec sleep 60; fi\n'
+        'for _ in $(seq 50); do [[ -s "$FAKE_PID" ]] && break; sleep 0.1; done\n'
+    )
+    for tool in (bin_dir / "nvidia-smi", venv_bin / "python"):
+        tool.chmod(0o755)
+    variables = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FA2_DEVICE": "cuda",
+                 "FA2_VENV": str(tmp_path / "venv"), "FA2_OUT": str(tmp_path / "out"), "FA2_KERNEL": "triton",
+                 "FA2_PROFILE": "scale", "FA2_WORKERS_PER_GPU": "1", "FAKE_LOG": str(tmp_path / "log"),
+                 "FAKE_PID": str(tmp_path / "pid"), **env}
+    run = subprocess.run(["bash", str(CI / "properties.sh")], env=variables, capture_output=True, text=True,
+                         timeout=60)
+    return run, tmp_path
+
+
+def test_a_background_warmup_runs_beside_the_suite_and_stops_with_it(tmp_path):
+    run, out = _fake_gpu_runner(tmp_path, FA2_WARMUP="background")
+    assert run.returncode == 0, run.stderr
+    calls = (out / "log").read_text().splitlines()
+    idle = max(len(os.sched_getaffinity(0)) - 1, 1)
+    assert f"-m fa2_verify warmup --profile scale --processes {idle}" in calls
+    assert any(call.startswith("-m pytest --pyargs fa2_verify.properties -n 1 ") for call in calls)
+    pid = int((out / "pid").read_text())
+    for _ in range(50):
+        if not pathlib.Path(f"/proc/{pid}").exists():
+            break
+        subprocess.run(["sleep", "0.1"], check=True)
+    assert not pathlib.Path(f"/proc/{pid}").exists(), "the warm-up outlived the suite"
+
+
+def test_properties_refuses_an_unknown_warmup_mode(tmp_path):
+    run, _ = _fake_gpu_runner(tmp_path, FA2_WARMUP="soon")
+    assert run.returncode == 2 and "FA2_WARMUP=soon: use 0, 1 or background" in run.stderr

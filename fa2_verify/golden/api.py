@@ -83,7 +83,7 @@ def compute(
     when the fast path fails certification on a case of at most
     ``AUTO_FALLBACK_MAX_WORK``; results are read from and
     written to the cache (:mod:`golden.cache`) when ``options.resolved_cache_dir()``
-    names one and the outputs take at most :data:`golden.cache.MAX_ENTRY_BYTES`.
+    names one and the outputs fit its limit (:func:`golden.cache.fits`).
     """
     if not isinstance(options, GoldenOptions):
         raise UsageError(f"options={options!r} is not a GoldenOptions: pass golden.GoldenOptions(...)")
@@ -93,7 +93,7 @@ def compute(
     method = options.resolved_method(problem.work)
     shapes = _shapes(problem)
     cache_dir = options.resolved_cache_dir()
-    if cache_dir is not None and not cache.fits(shapes):
+    if cache_dir is not None and not cache.fits(shapes, problem.device.type):
         cache_dir = None
     entry_key = _key(problem, options, method) if cache_dir is not None else ""
     names = {name for name in OUTPUTS if name in shapes}

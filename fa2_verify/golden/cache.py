@@ -14,9 +14,9 @@ the error model) is checked as much as the numbers.
   file, no file, or the complete new one.  Concurrent writers of one key
   write identical bytes, and the last rename wins.
 * Only entries of at most :data:`MAX_ENTRY_BYTES` of outputs are cached
-  (:func:`fits`): a golden at production scale (e.g. 16 heads of 16,384
-  tokens: 1.6 GB of float64 outputs) would be written and hashed for longer
-  than the fast path takes to recompute it on a GPU, and would fill the disk.
+  (:func:`fits`), :data:`MAX_DEVICE_ENTRY_BYTES` for a golden computed on a GPU:
+  a larger one would be hashed and written for about as long as the fast path
+  takes to recompute it there, and would fill the disk.
 * Reads trust nothing: a wrong magic line, a header that does not parse
   (invalid JSON or UTF-8, nesting deep enough to exhaust the recursion
   limit, an integer longer than Python's digit limit), other header fields,
@@ -67,6 +67,14 @@ ALGORITHM_VERSION = 3
 #: e.g. forward and backward of 4 heads of 8,192 tokens at head_dim 128.
 MAX_ENTRY_BYTES = 2**28
 
+#: The same for a golden computed on a GPU: 64 MiB, which holds the largest
+#: ``nightly`` case (12 heads of 300 tokens at head_dim 256: 55 MiB).  Above it
+#: the cache's host work (copying the inputs and outputs to the host, a sha256
+#: of each, the npz and its fsync) costs about what the GPU's fast path costs
+#: to recompute the golden, so a ``scale`` example, rarely drawn twice, only
+#: paid for it (docs/benchmarks.md, "The golden cache on a GPU").
+MAX_DEVICE_ENTRY_BYTES = 2**26
+
 
 class GoldenCacheWarning(UserWarning):
     """A cache entry was corrupt and is being recomputed."""
@@ -86,9 +94,11 @@ def key(tensors: dict[str, tuple[str, np.ndarray] | None], settings: dict) -> st
     return digest.hexdigest()
 
 
-def fits(shapes: dict[str, tuple[int, ...]]) -> bool:
-    """Whether float64 outputs of these shapes take at most :data:`MAX_ENTRY_BYTES`."""
-    return sum(8 * math.prod(shape) for shape in shapes.values()) <= MAX_ENTRY_BYTES
+def fits(shapes: dict[str, tuple[int, ...]], device_type: str) -> bool:
+    """Whether float64 outputs of these shapes, computed on a device of ``device_type`` (``"cpu"``,
+    ``"cuda"``), take at most :data:`MAX_ENTRY_BYTES` (:data:`MAX_DEVICE_ENTRY_BYTES` off the CPU)."""
+    limit = MAX_ENTRY_BYTES if device_type == "cpu" else MAX_DEVICE_ENTRY_BYTES
+    return sum(8 * math.prod(shape) for shape in shapes.values()) <= limit
 
 
 def path(cache_dir: pathlib.Path, entry_key: str) -> pathlib.Path:

@@ -21,6 +21,7 @@ a superset of the suite's launches, never fewer.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any, Callable
 
 from fa2_verify.core.case import CaseSpec
@@ -106,24 +107,31 @@ def _examples(body: Callable[[Any], None], examples: int, seed: int | None = Non
 def drawn_cases(capabilities: Capabilities, device: str, limits: Limits, examples: int,
                 seed: int | None = None) -> list[tuple[CaseSpec, str]]:
     """(case, layout) pairs a kernel declaring ``capabilities`` runs on ``device`` under ``limits``: ``examples``
-    draws of each declared property it can run (the module docstring), derandomized or drawn with ``seed``."""
+    draws of each declared property it can run (the module docstring), derandomized or drawn with ``seed``.
+
+    Draw-major: every property's first draw, then every property's second, and so on, as the suite reaches
+    them (each property test starts with its first examples), so a warm-up that runs beside the suite
+    compiles first what the suite needs first."""
     from fa2_verify.properties.harness import declared_properties, missing_requirement
 
     suite = _Drawing(_Target(capabilities), device, limits)
-    cases: list[tuple[CaseSpec, str]] = []
+    draws: list[list[list[tuple[CaseSpec, str]]]] = []
     for prop in declared_properties():
         if missing_requirement(prop, suite) is not None:
             continue
+        drawn: list[list[tuple[CaseSpec, str]]] = []
 
-        def body(data: Any, prop=prop) -> None:
+        def body(data: Any, prop=prop, drawn=drawn) -> None:
             recording = _Recording(data)
             try:
                 prop.check(suite, recording)
             except _Announced as announced:
-                cases.extend(_related(announced.spec, recording.layout, mha="gqa" in prop.requires))
+                drawn.append(_related(announced.spec, recording.layout, mha="gqa" in prop.requires))
 
         _examples(body, examples, seed)
-    return cases
+        draws.append(drawn)
+    rounds = itertools.zip_longest(*draws, fillvalue=[])
+    return [case for draw_round in rounds for related in draw_round for case in related]
 
 
 def _related(spec: CaseSpec, layout: str, *, mha: bool) -> list[tuple[CaseSpec, str]]:

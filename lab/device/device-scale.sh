@@ -18,6 +18,8 @@
 # (`run --case`), e.g. a mutant on the one case it must fail;
 # FA2_SCALE_PROFILE_SECONDS=0 skips the profile, FA2_SCALE_PROFILE_SEED sets its
 # --hypothesis-seed (several calls of a few minutes each then add up to a long search);
+# FA2_SCALE_WARMUP=background compiles the profile's triton variants beside it (`fa2-verify warmup` on the
+# cores the one pytest process leaves, as ci/properties.sh's FA2_WARMUP=background; its log in $1/warmup.log);
 # FA2_SCALE_STACKS=FILE samples the profile's Python stacks with py-spy (on PATH) into FILE
 # (collapsed stacks, lab/probes/stack_summary.py reads them).
 # FA2_BEFORE_ROOT=DIR (relative to the repository) runs the fa2_verify package in DIR instead of this tree's
@@ -91,12 +93,17 @@ if ((seconds > 0)); then
         --fa2-kernel triton --fa2-device cuda --fa2-profile scale \
         --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1 &
     suite=$!
+    if [[ "${FA2_SCALE_WARMUP:-0}" == background ]]; then
+        setsid "${fa2[@]}" warmup --profile scale --processes "$(($(nproc) - 2))" >"$out/warmup.log" 2>&1 &
+        warmup=$!
+    fi
     if [[ -n "${FA2_SCALE_STACKS:-}" ]]; then
         sleep 2
         py-spy record --pid "$(pgrep -P "$suite")" --format raw --rate 50 -o "$FA2_SCALE_STACKS" >"$out/py-spy.log" 2>&1 &
     fi
     wait "$suite"
     echo "== scale profile against triton: exit $? after $(($(date +%s) - started)) s"
+    [[ -n "${warmup:-}" ]] && kill -- -"$warmup" 2>/dev/null
     wait
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
     cp .hypothesis/observed/*_testcases.jsonl "$out/" 2>/dev/null

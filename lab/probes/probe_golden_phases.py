@@ -8,7 +8,10 @@ Per shape, forward and backward, float16 (bfloat16 with ``--dtype``):
 fingerprint that seeds the certification's rows), the float64 pass
 (:func:`golden.fast.attention`), the certification
 (:func:`golden.certify.certify`), each synchronised; with ``--profile`` the
-float64 pass's top CUDA operators by time.  ``--block-overhead N ...`` times
+float64 pass's top CUDA operators by time; with ``--cache`` the golden
+cache's costs for the shape's entry (:mod:`golden.cache`: the key, which
+hashes the inputs on the host, a store and a load, in a temporary
+directory) and the entry's megabytes.  ``--block-overhead N ...`` times
 the float64 pass again with each ``core.row_blocks.OVERHEAD_ELEMENTS`` of
 the device (its block planner's tuning).  Prints one JSON line per shape.
 """
@@ -17,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
+import tempfile
 
 import torch
 from synced import timed
 
 from fa2_verify import golden
 from fa2_verify.core import row_blocks
-from fa2_verify.golden import certify, fast, inputs
+from fa2_verify.golden import api, cache, certify, fast, inputs
 
 
 def _parse(shape: str) -> dict:
@@ -34,12 +39,29 @@ def _parse(shape: str) -> dict:
             "causal": causal}
 
 
+def _cache_seconds(device: str, problem, served, bounds, options) -> dict[str, float]:
+    """Seconds of the golden cache's key, store and load for this golden's entry."""
+    shapes = api._shapes(problem)
+    seconds: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        key, seconds["cache key"] = timed(device, api._key, problem, options, "fast")
+
+        def store() -> None:
+            arrays = {name: getattr(served, name).cpu().numpy() for name in shapes}
+            cache.store(pathlib.Path(directory), key, arrays, {"method": "fast", "certified_bound": bounds})
+
+        _, seconds["cache store"] = timed(device, store)
+        _, seconds["cache load"] = timed(device, cache.load, pathlib.Path(directory), key, shapes)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", nargs="+", default=["1x1x2048x128"])
     parser.add_argument("--dtype", default="float16")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--cache", action="store_true")
     parser.add_argument("--block-overhead", nargs="*", type=int, default=[])
     args = parser.parse_args()
     for shape in args.shapes:
@@ -59,8 +81,6 @@ def main() -> None:
         if hasattr(inputs, "fingerprint"):
             seed, timings["key"] = timed(args.device, inputs.fingerprint, problem)
         else:  # a golden from before the fingerprint (--before sides): its seed was the cache key's sha256
-            from fa2_verify.golden import api
-
             key, timings["key"] = timed(args.device, api._key, problem, options, "fast")
             seed = int(key[:16], 16)
         served, timings["float64 pass"] = timed(args.device, fast.attention, problem)
@@ -71,11 +91,15 @@ def main() -> None:
         _, timings["end to end"] = timed(
             args.device, golden.compute, q, k, v, dout, softmax_scale=scale, causal=spec["causal"], options=options
         )
+        if args.cache:
+            timings.update(_cache_seconds(args.device, problem, served, bounds, options))
         for overhead in args.block_overhead:
             row_blocks.OVERHEAD_ELEMENTS[torch.device(args.device).type] = overhead
             _, timings[f"float64 pass, overhead {overhead}"] = timed(args.device, fast.attention, problem)
         line = {"shape": shape, "dtype": args.dtype, "seconds": {n: round(t, 3) for n, t in timings.items()},
                 "certified_bound": bounds}
+        if args.cache:
+            line["entry MiB"] = sum(8 * torch.Size(s).numel() for s in api._shapes(problem).values()) / 2**20
         if args.profile and args.device == "cuda":
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 fast.attention(problem)
