@@ -19,7 +19,8 @@
 # FA2_SCALE_PROFILE_SECONDS=0 skips the profile, FA2_SCALE_PROFILE_SEED sets its
 # --hypothesis-seed (several calls of a few minutes each then add up to a long search);
 # FA2_SCALE_WARMUP=background compiles the profile's triton variants beside it (`fa2-verify warmup` on the
-# cores the one pytest process leaves, as ci/properties.sh's FA2_WARMUP=background; its log in $1/warmup.log);
+# cores the one pytest process leaves, as ci/properties.sh's FA2_WARMUP=background; its log in $1/warmup.log;
+# FA2_SCALE_WARMUP_EXAMPLES draws per property, default 100: the suite runs three dtype shards of each);
 # FA2_SCALE_STACKS=FILE samples the profile's Python stacks with py-spy (on PATH) into FILE
 # (collapsed stacks, lab/probes/stack_summary.py reads them).
 # FA2_BEFORE_ROOT=DIR (relative to the repository) runs the fa2_verify package in DIR instead of this tree's
@@ -94,7 +95,8 @@ if ((seconds > 0)); then
         --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1 &
     suite=$!
     if [[ "${FA2_SCALE_WARMUP:-0}" == background ]]; then
-        setsid "${fa2[@]}" warmup --profile scale --processes "$(($(nproc) - 2))" >"$out/warmup.log" 2>&1 &
+        setsid "${fa2[@]}" warmup --profile scale --processes "$(($(nproc) - 2))" \
+            --examples "${FA2_SCALE_WARMUP_EXAMPLES:-100}" >"$out/warmup.log" 2>&1 &
         warmup=$!
     fi
     if [[ -n "${FA2_SCALE_STACKS:-}" ]]; then
