@@ -5,7 +5,8 @@
 #    `git archive f9f2fc6 fa2_verify`), then with this tree's (lab/device/device-scale.sh): kernel, golden and
 #    comparison seconds per case -> $OUT/run-before.log, $OUT/run-after.log;
 # 2. lab/probes/probe_comparison_phases.py on the same cases, this tree: the comparison's sub-steps
-#    -> $OUT/compare-after.jsonl.
+#    -> $OUT/compare-after.jsonl (FA2_SIX_PROBE=0 skips it).
+# Each side starts from an empty golden cache of its own ($FA2_VERIFY_GOLDEN_CACHE under /tmp), as a first run does.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
@@ -17,10 +18,11 @@ for side in before after; do
     echo "== $side"
     root=""
     [[ $side == before ]] && root=$before
-    FA2_BEFORE_ROOT=$root FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 FA2_SCALE_CASES="${long_cases[*]}" \
+    FA2_VERIFY_GOLDEN_CACHE="/tmp/golden-cache-$side" FA2_BEFORE_ROOT=$root FA2_SCALE_TARGETS=triton FA2_SCALE_PROFILE_SECONDS=0 FA2_SCALE_CASES="${long_cases[*]}" \
         bash lab/device/device-scale.sh "/tmp/six-$side" 2>&1 | grep -v '^$' | tail -n 3
     cp "/tmp/six-$side/run-triton.log" "$OUT/run-$side.log"
     grep -A 8 "kernel s" "$OUT/run-$side.log"
 done
+[[ "${FA2_SIX_PROBE:-1}" == 0 ]] && exit 0
 python3 lab/probes/probe_comparison_phases.py --device cuda --kernel triton --scale-set --cases "${long_cases[@]}" \
     2>&1 | tee "$OUT/compare-after.jsonl"
