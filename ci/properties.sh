@@ -47,7 +47,7 @@ if [[ "${FA2_WARMUP:-0}" != 0 && "$FA2_KERNEL" == triton && "$FA2_DEVICE" == cud
         idle=$(($(nproc) - workers))
         # its own process group (setsid), so that stopping it stops its compiler processes too
         setsid "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$((idle > 0 ? idle : 1))" &
-        at_exit+=("kill -- -$! 2>/dev/null")
+        at_exit+=("kill -- -$! 2>/dev/null || true")
     else
         "$PYTHON" -m fa2_verify warmup --profile "$FA2_PROFILE" --processes "$(nproc)"
     fi

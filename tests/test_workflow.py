@@ -253,7 +253,8 @@ def test_the_report_job_merges_every_shards_results_even_after_a_red_shard(shard
 
 def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
     """ci/properties.sh on a stand-in GPU runner: an ``nvidia-smi`` that lists one GPU and a venv whose
-    ``python`` logs its arguments; its warm-up writes its pid and sleeps, its pytest waits for that pid."""
+    ``python`` logs its arguments; its warm-up writes its pid and sleeps ``$FAKE_WARMUP_SECONDS``, its
+    pytest waits for that pid."""
     bin_dir, venv_bin = tmp_path / "bin", tmp_path / "venv" / "bin"
     bin_dir.mkdir()
     venv_bin.mkdir(parents=True)
@@ -261,7 +262,7 @@ def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.Com
     (venv_bin / "python").write_text(
         "#!/usr/bin/env bash\n"
         'echo "$*" >>"$FAKE_LOG"\n'
-        'if [[ "$*" == *" warmup "* ]]; then echo $$ >"$FAKE_PID"; exec sleep 60; fi\n'
+        'if [[ "$*" == *" warmup "* ]]; then echo $$ >"$FAKE_PID"; exec sleep "$FAKE_WARMUP_SECONDS"; fi\n'
         'for _ in $(seq 50); do [[ -s "$FAKE_PID" ]] && break; sleep 0.1; done\n'
     )
     for tool in (bin_dir / "nvidia-smi", venv_bin / "python"):
@@ -269,7 +270,7 @@ def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.Com
     variables = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FA2_DEVICE": "cuda",
                  "FA2_VENV": str(tmp_path / "venv"), "FA2_OUT": str(tmp_path / "out"), "FA2_KERNEL": "triton",
                  "FA2_PROFILE": "scale", "FA2_WORKERS_PER_GPU": "1", "FAKE_LOG": str(tmp_path / "log"),
-                 "FAKE_PID": str(tmp_path / "pid"), **env}
+                 "FAKE_PID": str(tmp_path / "pid"), "FAKE_WARMUP_SECONDS": "60", **env}
     run = subprocess.run(["bash", str(CI / "properties.sh")], env=variables, capture_output=True, text=True,
                          timeout=60)
     return run, tmp_path
@@ -288,6 +289,11 @@ def test_a_background_warmup_runs_beside_the_suite_and_stops_with_it(tmp_path):
             break
         subprocess.run(["sleep", "0.1"], check=True)
     assert not pathlib.Path(f"/proc/{pid}").exists(), "the warm-up outlived the suite"
+
+
+def test_a_background_warmup_that_ended_first_leaves_the_suite_status_alone(tmp_path):
+    run, _ = _fake_gpu_runner(tmp_path, FA2_WARMUP="background", FAKE_WARMUP_SECONDS="0")
+    assert run.returncode == 0, run.stderr
 
 
 def test_properties_refuses_an_unknown_warmup_mode(tmp_path):
