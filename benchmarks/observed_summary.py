@@ -5,18 +5,21 @@ Run the suite with ``HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY=1`` (and
 Hypothesis appends one JSON line per example to
 ``.hypothesis/observed/*_testcases.jsonl`` as soon as the example ends, so a
 run stopped by a time limit still has a record of every example it finished.
-``python3 benchmarks/observed_summary.py FILE...`` prints, per property, the examples
+``python3 benchmarks/observed_summary.py [--wall SECONDS] FILE...`` prints, per property, the examples
 (passed, failed, invalid), the seconds spent executing them, examples per
 second, and the largest case drawn by work (``batch * heads_q * seqlen_q *
 seqlen_k * head_dim``); then the longest sequence lengths, largest head dim
-and largest batch x heads over the whole run.
+and largest batch x heads over the whole run.  With ``--wall``, the run's
+wall-clock seconds, it also prints the examples over them: the throughput
+of a run whose workers execute tests at the same time, where the summed
+execution seconds count each parallel second once per worker.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pathlib
-import sys
 from typing import Any, Iterator
 
 
@@ -38,7 +41,7 @@ def shape(case: dict[str, Any]) -> str:
     )
 
 
-def summary(paths: list[pathlib.Path]) -> str:
+def summary(paths: list[pathlib.Path], wall: float | None = None) -> str:
     rows: dict[str, dict[str, Any]] = {}
     cases = []
     for path in paths:
@@ -67,6 +70,8 @@ def summary(paths: list[pathlib.Path]) -> str:
         seconds = sum(row["seconds"] for row in rows.values())
         lines.append("")
         lines.append(f"{examples} examples in {seconds:.1f} s of test execution ({examples / seconds:.3f} examples/s)")
+        if wall:
+            lines.append(f"{examples} examples in {wall:.0f} s of wall time ({examples / wall:.3f} examples/s)")
         for field in ("seqlen_q", "seqlen_k", "head_dim"):
             biggest = max(cases, key=lambda case: case[field])
             lines.append(f"largest {field}: {biggest[field]} ({shape(biggest)})")
@@ -76,4 +81,8 @@ def summary(paths: list[pathlib.Path]) -> str:
 
 
 if __name__ == "__main__":
-    print(summary([pathlib.Path(argument) for argument in sys.argv[1:]]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wall", type=float, help="the run's wall-clock seconds")
+    parser.add_argument("files", nargs="+", type=pathlib.Path, help="Hypothesis' *_testcases.jsonl")
+    arguments = parser.parse_args()
+    print(summary(arguments.files, arguments.wall))

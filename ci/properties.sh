@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Run the property suite against $FA2_KERNEL, $FA2_WORKERS_PER_GPU pytest-xdist
 # workers per GPU (default: the CPU cores per GPU, as the suite's timings in
-# docs/benchmarks.md ran, 16 workers on a 16-core one-GPU runner; worker gwI runs
+# docs/benchmarks.md ran, 16 workers on a 16-core one-GPU runner, and for a profile
+# with a per-example memory budget no more than share a GPU with that budget each,
+# `python -m fa2_verify.properties.gpu_shares PROFILE`: 3 per 80 GB GPU for `scale`;
+# worker gwI runs
 # on cuda:I mod GPUs: a worker spends most of its time on the CPU, in the golden and
 # in Triton's compiler; FlexAttention's workers need about 12 GB of GPU memory
 # each, docs/targets.md, so at most 6 per 80 GB GPU), with
@@ -16,7 +19,7 @@
 # (and FA2_KERNEL=triton on a GPU), `fa2-verify warmup` first compiles the variants
 # the profile needs in parallel, one process per CPU core; with FA2_WARMUP=background
 # it compiles them beside the suite, on the cores the workers leave idle (the
-# `scale` profile runs one worker per GPU), and is stopped when the suite ends
+# `scale` profile runs 3 workers per 80 GB GPU), and is stopped when the suite ends
 # (opt-in: the suite compiles whatever is missing on its own).  With FA2_MPS=1 on a GPU it starts
 # NVIDIA's Multi-Process Service for the run (and stops it at exit), so the
 # workers' small golden and comparison kernels share the GPU instead of
@@ -32,8 +35,8 @@ source ci/common.sh
 
 if [[ "$FA2_DEVICE" == cuda* ]]; then
     gpus=$(nvidia-smi -L | wc -l)
-    per_gpu=$(($(nproc) / gpus))
-    workers=$((gpus * ${FA2_WORKERS_PER_GPU:-$((per_gpu > 0 ? per_gpu : 1))}))
+    per_gpu="${FA2_WORKERS_PER_GPU:-$("$PYTHON" -m fa2_verify.properties.gpu_shares "$FA2_PROFILE")}"
+    workers=$((gpus * per_gpu))
 else
     workers="${FA2_WORKERS:-2}"
 fi

@@ -36,3 +36,18 @@ def test_rows_rates_and_largest_shapes(tmp_path):
     assert "largest seqlen_q: 131072 (b1 h1/1 sq131072 sk16 d64 float16)" in lines
     assert "largest head_dim: 256 (b4 h8/1 sq64 sk64 d256 float16)" in lines
     assert "largest batch x heads_q: 512 (b32 h16/1 sq8 sk8 d32 float16)" in lines
+
+
+def test_wall_seconds_give_the_rate_of_parallel_workers(tmp_path):
+    """Two workers, 4 s of execution each, in 5 s of wall time: 4 examples over 5 s, not over the summed 10."""
+    observations = tmp_path / "2026-11-27_testcases.jsonl"
+    observations.write_text("\n".join([
+        _line("test_out", "passed", 4.0, _case(1, 64, 64, 1, 64)),
+        _line("test_out", "passed", 0.5, _case(1, 64, 64, 1, 64)),
+        _line("test_dk", "passed", 4.0, _case(1, 64, 64, 1, 64)),
+        _line("test_dk", "passed", 1.5, _case(1, 64, 64, 1, 64)),
+    ]))
+    lines = observed_summary.summary([observations], wall=5.0).splitlines()
+    assert "4 examples in 10.0 s of test execution (0.400 examples/s)" in lines
+    assert "4 examples in 5 s of wall time (0.800 examples/s)" in lines
+    assert not any("wall time" in line for line in observed_summary.summary([observations]).splitlines())

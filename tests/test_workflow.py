@@ -101,8 +101,7 @@ def test_every_called_script_exists_is_executable_and_strict(workflow):
 
 def test_suite_uses_xdist_workers_on_every_gpu_and_keeps_the_example_database(job):
     properties = (CI / "properties.sh").read_text()
-    assert "gpus=$(nvidia-smi -L | wc -l)" in properties and "per_gpu=$(($(nproc) / gpus))" in properties
-    assert 'workers=$((gpus * ${FA2_WORKERS_PER_GPU:-$((per_gpu > 0 ? per_gpu : 1))}))' in properties
+    assert "gpus=$(nvidia-smi -L | wc -l)" in properties and "workers=$((gpus * per_gpu))" in properties
     assert '-n "$workers"' in properties
     assert '--fa2-examples-dir "$FA2_OUT/examples"' in properties and "--alluredir" in properties
     uploads = [step for step in job["steps"] if step.get("uses", "").startswith("actions/upload-artifact@")]
@@ -253,15 +252,16 @@ def test_the_report_job_merges_every_shards_results_even_after_a_red_shard(shard
 
 def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.CompletedProcess, pathlib.Path]:
     """ci/properties.sh on a stand-in GPU runner: an ``nvidia-smi`` that lists one GPU and a venv whose
-    ``python`` logs its arguments; its warm-up writes its pid and sleeps ``$FAKE_WARMUP_SECONDS``, its
-    pytest waits for that pid."""
+    ``python`` logs its arguments and answers ``gpu_shares`` with ``$FAKE_WORKERS_PER_GPU``; its warm-up
+    writes its pid and sleeps ``$FAKE_WARMUP_SECONDS``, its pytest waits for that pid."""
     bin_dir, venv_bin = tmp_path / "bin", tmp_path / "venv" / "bin"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True)
     venv_bin.mkdir(parents=True)
     (bin_dir / "nvidia-smi").write_text("#!/usr/bin/env bash\necho 'GPU 0: stand-in'\n")
     (venv_bin / "python").write_text(
         "#!/usr/bin/env bash\n"
         'echo "$*" >>"$FAKE_LOG"\n'
+        'if [[ "$*" == "-m fa2_verify.properties.gpu_shares "* ]]; then echo "$FAKE_WORKERS_PER_GPU"; exit 0; fi\n'
         'if [[ "$*" == *" warmup "* ]]; then echo $$ >"$FAKE_PID"; exec sleep "$FAKE_WARMUP_SECONDS"; fi\n'
         'for _ in $(seq 50); do [[ -s "$FAKE_PID" ]] && break; sleep 0.1; done\n'
     )
@@ -270,7 +270,7 @@ def _fake_gpu_runner(tmp_path: pathlib.Path, **env: str) -> tuple[subprocess.Com
     variables = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "FA2_DEVICE": "cuda",
                  "FA2_VENV": str(tmp_path / "venv"), "FA2_OUT": str(tmp_path / "out"), "FA2_KERNEL": "triton",
                  "FA2_PROFILE": "scale", "FA2_WORKERS_PER_GPU": "1", "FAKE_LOG": str(tmp_path / "log"),
-                 "FAKE_PID": str(tmp_path / "pid"), "FAKE_WARMUP_SECONDS": "60", **env}
+                 "FAKE_PID": str(tmp_path / "pid"), "FAKE_WARMUP_SECONDS": "60", "FAKE_WORKERS_PER_GPU": "3", **env}
     run = subprocess.run(["bash", str(CI / "properties.sh")], env=variables, capture_output=True, text=True,
                          timeout=60)
     return run, tmp_path
@@ -289,6 +289,21 @@ def test_a_background_warmup_runs_beside_the_suite_and_stops_with_it(tmp_path):
             break
         subprocess.run(["sleep", "0.1"], check=True)
     assert not pathlib.Path(f"/proc/{pid}").exists(), "the warm-up outlived the suite"
+
+
+def test_workers_per_gpu_come_from_the_profile_unless_set(tmp_path):
+    """Unset, FA2_WORKERS_PER_GPU is what ``gpu_shares`` answers for the profile (3 here); set, it wins."""
+    started = tmp_path / "no-warm-up"
+    started.write_text("0\n")  # no warm-up to wait for
+    run, out = _fake_gpu_runner(tmp_path / "auto", FA2_WORKERS_PER_GPU="", FAKE_PID=str(started))
+    assert run.returncode == 0, run.stderr
+    calls = (out / "log").read_text().splitlines()
+    assert "-m fa2_verify.properties.gpu_shares scale" in calls
+    assert any(call.startswith("-m pytest --pyargs fa2_verify.properties -n 3 ") for call in calls)
+    run, out = _fake_gpu_runner(tmp_path / "set", FA2_WORKERS_PER_GPU="2", FAKE_PID=str(started))
+    calls = (out / "log").read_text().splitlines()
+    assert not any("gpu_shares" in call for call in calls)
+    assert any(call.startswith("-m pytest --pyargs fa2_verify.properties -n 2 ") for call in calls)
 
 
 def test_a_background_warmup_that_ended_first_leaves_the_suite_status_alone(tmp_path):

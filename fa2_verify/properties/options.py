@@ -91,6 +91,7 @@ def configure(config: pytest.Config, validate_target: Callable[..., str]) -> dic
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
         device = validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
+        share_gpu_memory(config, profile_name, device_option or DEFAULT_DEVICE, device, workerinput)
         if bounds_check:
             check_bounds(config, enter=runs_tests)
         if call_timeout is not None:
@@ -111,6 +112,25 @@ def configure(config: pytest.Config, validate_target: Callable[..., str]) -> dic
         "durations": durations,
     }
     return of(config)
+
+
+def share_gpu_memory(
+    config: pytest.Config, profile_name: str, requested: str, device: str, workerinput: dict[str, Any] | None
+) -> None:
+    """:func:`properties.gpu_shares.share_memory` in this process (``requested`` the ``--fa2-device`` given,
+    ``device`` this process's): the controller of ``-n N`` checks the workers' shares, a worker keeps to its
+    own; a refusal is a usage error on ``-n``."""
+    from fa2_verify.core.errors import UsageError
+    from fa2_verify.properties import gpu_shares
+
+    if workerinput is not None:
+        count, index = int(workerinput.get("workercount", 1)), int(str(workerinput["workerid"]).removeprefix("gw"))
+    else:
+        count, index = int(config.getoption("numprocesses", None) or 0), None
+    try:
+        gpu_shares.share_memory(profile_name, requested, count, index, device)
+    except UsageError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def seconds_option(flag: str, text: str | None) -> float | None:

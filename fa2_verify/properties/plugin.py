@@ -5,6 +5,7 @@ runs every property test against one kernel target.  This module only declares
 the options (one group, ``fa2-verify``) and wires each hook to the module that
 does the work: :mod:`properties.options` (read and checked),
 :mod:`properties.device_pinning` (each xdist worker's device and threads),
+:mod:`properties.gpu_shares` (``-n auto`` on GPUs, and the workers' shares of a GPU's memory),
 :mod:`properties.inflight_session` (the case each process runs, kept on disk),
 :mod:`properties.collection` (one test per property and dtype),
 :mod:`properties.ordering` (xdist order and ``--fa2-shard``),
@@ -130,6 +131,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     finished = os.environ.get(FINISHED)
     if finished and not hasattr(config, "workerinput"):
         pathlib.Path(finished).write_text("finished\n")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """pytest-xdist's ``-n auto`` for a property run on CUDA: the workers its GPUs take
+    (:func:`properties.gpu_shares.auto_workers`); None leaves xdist's own count."""
+    from fa2_verify.properties.gpu_shares import auto_workers
+
+    return auto_workers(config)
 
 
 @pytest.hookimpl(optionalhook=True)

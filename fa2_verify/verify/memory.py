@@ -265,21 +265,63 @@ def _meminfo_available() -> int | None:
     return None
 
 
+#: Device memory a process holds outside PyTorch's caching allocator, kept out of the processes' shares of a
+#: GPU (:func:`process_share`): its CUDA context with the kernels' modules and the libraries' handles, about
+#: 0.5 to 1 GiB per process with torch 2 on an H100; twice the larger, since a process past its share fails
+#: its case (docs/design.md, "Cases and their size").
+CONTEXT_BYTES = 2 * 2**30
+
+#: The share of each CUDA device's memory this process keeps to (:func:`keep_to_share`), by device index.
+_shares: dict[int, int] = {}
+
+
+def process_share(total: int, processes: int) -> int:
+    """Bytes each of ``processes`` processes sharing a device of ``total`` bytes may allocate: an equal part of
+    what their contexts leave, ``(total - processes * CONTEXT_BYTES) / processes`` (0 when they leave nothing)."""
+    return max(0, (total - processes * CONTEXT_BYTES) // processes)
+
+
+def keep_to_share(device: str | torch.device, processes: int) -> int:
+    """Cap this process's caching allocator on CUDA ``device`` at :func:`process_share` of its memory, so that
+    ``processes`` processes sharing it each keep to their part (the allocator frees its cached blocks before it
+    would exceed the cap, ``torch.cuda.set_per_process_memory_fraction``); :func:`free_memory` then counts
+    only this share.  Return the share in bytes."""
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    share = process_share(total, processes)
+    torch.cuda.set_per_process_memory_fraction(share / total, index)
+    _shares[index] = share
+    return share
+
+
 def free_memory(device: str | torch.device) -> int:
     """Bytes that a case may still take on ``device``.
 
     CPU: ``MemAvailable`` (free memory plus reclaimable caches), else free
     physical pages.  CUDA: ``torch.cuda.mem_get_info``'s free memory plus what
-    PyTorch's caching allocator holds reserved but unused.
+    PyTorch's caching allocator holds reserved but unused, and no more than
+    what this process's share leaves (:func:`keep_to_share`), if it has one.
     """
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        free, _ = torch.cuda.mem_get_info(index)
+        allocated = torch.cuda.memory_allocated(index)
+        room = free + torch.cuda.memory_reserved(index) - allocated
+        return min(room, _shares[index] - allocated) if index in _shares else room
     available = _meminfo_available()
     if available is None:
         available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     return available
+
+
+def _device_label(device: torch.device) -> str:
+    """``cuda:0``, with this process's share of it when it keeps to one (:func:`keep_to_share`)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _shares:
+        return str(device)
+    return f"{device}, of which this process may use {_bytes(_shares[index])} (fewer processes per GPU get more)"
 
 
 def _bytes(count: float) -> str:
@@ -313,7 +355,7 @@ def require_fits(
         checks = [("cpu", needed.combined, free_memory("cpu"), needed.largest(on_cpu=True).name)]
     else:
         checks = [
-            (str(device), needed.device, free_memory(device), needed.largest(on_cpu=False).name),
+            (_device_label(device), needed.device, free_memory(device), needed.largest(on_cpu=False).name),
             ("host RAM", needed.host, free_memory("cpu"), max(needed.stages, key=lambda stage: stage.host).name),
         ]
     for where, amount, free, stage in checks:

@@ -21,6 +21,9 @@
 # FA2_SCALE_WARMUP=background compiles the profile's triton variants beside it (`fa2-verify warmup` on the
 # cores the one pytest process leaves, as ci/properties.sh's FA2_WARMUP=background; its log in $1/warmup.log;
 # FA2_SCALE_WARMUP_EXAMPLES draws per property, default 100: the suite runs three dtype shards of each);
+# FA2_SCALE_WORKERS=W runs the profile on W pytest-xdist workers sharing the GPU (`-n W --dist worksteal`, under
+# NVIDIA's MPS as ci/properties.sh's FA2_MPS=1; default 1, one process); the profile's line "examples in ... s of
+# wall time" counts the examples Hypothesis observed over the run's wall-clock seconds, whatever the workers.
 # FA2_SCALE_STACKS=FILE samples the profile's Python stacks with py-spy (on PATH) into FILE
 # (collapsed stacks, lab/probes/stack_summary.py reads them).
 # FA2_BEFORE_ROOT=DIR (relative to the repository) runs the fa2_verify package in DIR instead of this tree's
@@ -85,11 +88,16 @@ done
 
 seconds="${FA2_SCALE_PROFILE_SECONDS:-600}"
 if ((seconds > 0)); then
+    workers=()
+    if ((${FA2_SCALE_WORKERS:-1} > 1)); then
+        workers=(-n "$FA2_SCALE_WORKERS" --dist worksteal)
+        nvidia-cuda-mps-control -d
+    fi
     started=$(date +%s)
     rm -rf .hypothesis/observed
     HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY=1 HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY_NOCOVER=1 \
         timeout -s INT -k 30 "$seconds" python3 -m pytest --pyargs fa2_verify.properties "${plugin[@]}" \
-        -v -rfE --hypothesis-show-statistics -p no:cacheprovider \
+        -v -rfE --hypothesis-show-statistics -p no:cacheprovider "${workers[@]}" \
         ${FA2_SCALE_PROFILE_SEED:+--hypothesis-seed="$FA2_SCALE_PROFILE_SEED"} \
         --fa2-kernel triton --fa2-device cuda --fa2-profile scale \
         --fa2-examples-dir "$out/examples-scale" >"$out/properties-scale.log" 2>&1 &
@@ -101,15 +109,18 @@ if ((seconds > 0)); then
     fi
     if [[ -n "${FA2_SCALE_STACKS:-}" ]]; then
         sleep 2
-        py-spy record --pid "$(pgrep -P "$suite")" --format raw --rate 50 -o "$FA2_SCALE_STACKS" >"$out/py-spy.log" 2>&1 &
+        py-spy record --pid "$(pgrep -P "$suite")" ${workers[0]:+--subprocesses} --format raw --rate 50 -o "$FA2_SCALE_STACKS" >"$out/py-spy.log" 2>&1 &
     fi
     wait "$suite"
-    echo "== scale profile against triton: exit $? after $(($(date +%s) - started)) s"
+    code=$?
+    wall=$(($(date +%s) - started))
+    echo "== scale profile against triton: exit $code after $wall s"
     [[ -n "${warmup:-}" ]] && kill -- -"$warmup" 2>/dev/null
+    ((${#workers[@]})) && { echo quit | nvidia-cuda-mps-control; }
     wait
     grep -E '^(FAILED|ERROR)|passed|failed|examples checked|worst' "$out/properties-scale.log" | tail -n 30
     cp .hypothesis/observed/*_testcases.jsonl "$out/" 2>/dev/null
-    compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 benchmarks/observed_summary.py "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
+    compgen -G "$out/*_testcases.jsonl" >/dev/null && python3 benchmarks/observed_summary.py --wall "$wall" "$out"/*_testcases.jsonl | tee "$out/scale-profile.md"
 fi
 
 ok=0
