@@ -25,7 +25,8 @@ def gpu(monkeypatch):
     monkeypatch.setattr(memory, "_shares", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: type("P", (), {"total_memory": H100}))
-    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, index: caps.update({index: fraction}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
+                        lambda fraction, index: caps.update({index: fraction}))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda index: (60 * GiB, H100))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda index: 4 * GiB)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda index: 1 * GiB)
@@ -70,8 +71,9 @@ def test_a_case_over_the_share_is_declined_naming_it(gpu):
     spec = CaseSpec(batch=16, seqlen_q=8192, seqlen_k=8192, heads_q=16, heads_kv=16, head_dim=128, dtype="float16")
     needed = memory.estimate(spec, "cuda").device
     assert memory.process_share(H100, 3) - GiB < needed < 60 * GiB
-    with pytest.raises(CaseTooLarge, match=r"needs about 49\.\d+ GiB on cuda, of which this process may use 24\.4 GiB \(fewer processes per "
-                                           r"GPU get more\) \(at its error model stage\), 23\.4 GiB is free"):
+    with pytest.raises(CaseTooLarge, match=r"needs about 49\.\d+ GiB on cuda, of which this process may use "
+                                           r"24\.4 GiB \(fewer processes per GPU get more\) \(at its error model "
+                                           r"stage\), 23\.4 GiB is free"):
         memory.require_fits(spec, "cuda")
 
 
@@ -113,6 +115,7 @@ def test_n_auto_gives_every_gpu_its_workers(gpu, monkeypatch):
 def test_the_command_prints_the_workers_per_gpu(gpu, monkeypatch, capsys):
     monkeypatch.setattr(gpu_shares.os, "sched_getaffinity", lambda pid: set(range(16)))
     assert gpu_shares.main(["scale"]) == 0 and capsys.readouterr().out == "3\n"
-    assert gpu_shares.main(["huge"]) == 2 and "usage: python -m fa2_verify.properties.gpu_shares" in capsys.readouterr().err
+    assert gpu_shares.main(["huge"]) == 2
+    assert "usage: python -m fa2_verify.properties.gpu_shares" in capsys.readouterr().err
     monkeypatch.setattr(gpu_shares, "_host_gpus", lambda: (0, 0))
     assert gpu_shares.main(["scale"]) == 2 and "no CUDA GPU is visible" in capsys.readouterr().err

@@ -135,7 +135,8 @@ class Summary:
         for reason, properties in sorted(self.unsupported.items()):
             lines.append(f"unsupported: {len(properties)} propert{'y' if len(properties) == 1 else 'ies'}: {reason}")
         for reason, count in sorted(self.declined.items()):
-            lines.append(f"unsupported: {count} example(s) declined by the kernel: {reason}")
+            lines.append(f"unsupported: {count} example(s) declined (by the kernel, or too large for the memory free): "
+                         f"{reason}")
         for (test, label), record in sorted(self.worst.items()):
             lines.append(f"worst {label} in {test}: {float(record['score']):.3g} over {record['examples']} examples")
             lines.append(f"    {record['reproduction']}")
