@@ -4,8 +4,8 @@ A profile with a per-example device-memory budget (:attr:`properties.profiles.Li
 ``scale`` profile's 20 GB) draws cases sized to fill it.  Workers that share a GPU
 (:func:`properties.device_pinning.worker_device`) would otherwise find its memory held by one another's
 caching allocators, and decline a case or run out of memory in it as the others' timing decides: four
-uncapped workers on one H100 declined 19 of the `scale` profile's cases as larger than the 9 to 13 GiB
-the others left free (docs/benchmarks.md, "The `scale` property profile").  So under such a budget each
+uncapped workers on one H100 declined 106 of the ``scale`` profile's 319 cases as larger than the 9 to
+13 GiB the others left free (docs/benchmarks.md, "The `scale` property profile").  So under such a budget each
 of the ``k`` workers of a GPU keeps to an equal share of it (:func:`verify.memory.keep_to_share`), a case
 is declined only when it outgrows that share (the same case every run), and a run whose share is below the
 budget is refused before any test.  Profiles without a budget draw cases far below a GPU's memory, and
