@@ -1,0 +1,230 @@
+"""A fused Triton kernel for the error model's forward bounds (``out`` and ``lse``), beside the torch evaluation.
+
+Prototype for issue 30's six-case target: :func:`verify.error_model.bounds_and_flush_shares` evaluates
+eqs. (1) to (3) of docs/error-model.md as about a dozen float64 passes over each (rows x keys) block.  Here one
+Triton kernel per block of query rows walks its visible keys once, flash-style, with four float64 ``tl.dot``
+(DMMA on SM80/SM90) per tile and only per-row accumulators, because the row's maximum ``M_i`` and the
+constants of (1) factor out of the sums over keys:
+
+    sum_j P_ij Delta_ij |V_jc|       = sum_j W_ij |V_jc| + (u_a M_i + u_f) sum_j P_ij |V_jc|
+    sum_j P_ij Delta_ij              = sum_j W_ij + (u_a M_i + u_f) sum_j P_ij
+    W_ij = P_ij (gamma_{d+2} scale (|Q| |K|^T)_ij + u_a |S_ij|)
+
+and ``sum_(j visible) |V_jc|`` is a difference of prefix sums over the keys.  The epilogue (O(rows x d)) is
+eqs. (2), (3), (10) and (11) as the torch code has them.  Equal to the torch bounds up to float64 summation
+order (relative 1e-12 checked here); the MHA/GQA heads, masks by ``first``/``last`` key per row (causal,
+windows), FA2's partial sums (no split-KV) only::
+
+    PYTHONPATH=. TRITON_INTERPRET=1 python lab/probes/probe_fused_bounds.py --check          # CPU, interpreter
+    PYTHONPATH=. python lab/probes/probe_fused_bounds.py --device cuda --shape 1,1,1,131072,128 --causal
+
+``--check`` compares fused and torch bounds on small cases (exit 1 on a mismatch); the second form times
+both on one case (``synced.timed``, the golden untimed), the fused kernel in each of a few tiles, one JSON
+line per tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+import triton
+import triton.language as tl
+from synced import timed
+
+from fa2_verify.core.case import CaseSpec, make_case
+from fa2_verify.verify import check, error_model
+
+
+@triton.jit
+def _forward_sums(Q, K, V, LSE, FIRST, LAST, ACC_W, ACC_P, ROW_SUMS,
+                  seqlen_q, seqlen_k, head_dim, group, heads_q,
+                  q_batch, q_seq, q_head, k_batch, k_seq, k_head,
+                  scale, gamma_scale, u_a,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Per row: ``sum_j W_ij |V_jc|``, ``sum_j P_ij |V_jc|`` (ACC_W, ACC_P, head-major (B*H, seqlen_q, BLOCK_D)),
+    and ``sum_j W_ij``, ``sum_j P_ij``, ``max_j |S_ij|`` (ROW_SUMS (B*H, seqlen_q, 3)) over the visible keys."""
+    block, pair = tl.program_id(0), tl.program_id(1)
+    batch, head = pair // heads_q, pair % heads_q
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok, col_ok = rows < seqlen_q, cols < head_dim
+    q = tl.load(Q + batch * q_batch + head * q_head + rows[:, None] * q_seq + cols[None, :],
+                mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+    first = tl.load(FIRST + rows, mask=row_ok, other=seqlen_k)
+    last = tl.load(LAST + rows, mask=row_ok, other=-1)
+    lse = tl.load(LSE + pair * seqlen_q + rows, mask=row_ok, other=0.0)
+    scaled, magnitudes = q * scale, tl.abs(q) * gamma_scale
+    acc_w = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
+    acc_p = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
+    sum_w = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    sum_p = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    largest = tl.zeros((BLOCK_M,), dtype=tl.float64)
+    kv = K + batch * k_batch + (head // group) * k_head
+    values = V + batch * k_batch + (head // group) * k_head
+    start = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
+    stop = tl.max(last, 0) + 1
+    for key_start in range(start, stop, BLOCK_N):
+        keys = key_start + tl.arange(0, BLOCK_N)
+        key_ok = (keys < seqlen_k)[:, None] & col_ok[None, :]
+        k = tl.load(kv + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
+        v = tl.abs(tl.load(values + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0))
+        s = tl.dot(scaled, tl.trans(k))
+        a = tl.dot(magnitudes, tl.trans(tl.abs(k)))
+        visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
+        s_abs = tl.abs(s)
+        largest = tl.maximum(largest, tl.max(tl.where(visible, s_abs, 0.0), 1))
+        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        w = p * (a + u_a * s_abs)
+        acc_w += tl.dot(w, v)
+        acc_p += tl.dot(p, v)
+        sum_w += tl.sum(w, 1)
+        sum_p += tl.sum(p, 1)
+    at = pair * seqlen_q * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
+    tl.store(ACC_W + at, acc_w, mask=row_ok[:, None])
+    tl.store(ACC_P + at, acc_p, mask=row_ok[:, None])
+    sums = ROW_SUMS + (pair * seqlen_q + rows) * 3
+    tl.store(sums, sum_w, mask=row_ok)
+    tl.store(sums + 1, sum_p, mask=row_ok)
+    tl.store(sums + 2, largest, mask=row_ok)
+
+
+def fused_forward_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Eqs. (1) to (3), (10) and (11) for ``out`` and ``lse`` (FA2's partial sums), as
+    :func:`verify.error_model.first_order_bounds` returns them, from one :func:`_forward_sums` launch with
+    ``tile`` = (BLOCK_M, BLOCK_N, num_warps) (default: :func:`default_tile`)."""
+    spec, device = case.spec, case.q.device
+    dtype = spec.torch_dtype
+    u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
+    u_f, u_lse = 4 * u_a, error_model.lse_storage_unit(dtype)
+    eta, eta_a = error_model.underflow_unit(dtype), error_model.flush_unit(dtype)
+    eta_lse = error_model.underflow_unit(torch.float32)
+    batch, seqlen_q, heads_q, head_dim = case.q.shape
+    seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
+    first, last = spec.visible_ranges(device)
+    n = (last - first + 1).clamp(min=0).to(torch.float64)
+    gamma_logit = float(error_model._gamma(head_dim + 2, u_a))
+    gamma_out, log_n = error_model._gamma(2 * n, u_a), torch.log(n.clamp(min=1))
+    q, k, v = (t.detach().to(torch.float64).contiguous() for t in (case.q, case.k, case.v))
+    lse = golden.lse.detach().to(device, torch.float64)  # (B, H, S)
+    nonempty = n > 0
+    lse = torch.where(nonempty, lse, 0.0).contiguous()
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    acc_w = torch.empty(batch * heads_q, seqlen_q, block_d, dtype=torch.float64, device=device)
+    acc_p = torch.empty_like(acc_w)
+    row_sums = torch.empty(batch * heads_q, seqlen_q, 3, dtype=torch.float64, device=device)
+    block_m, block_n, warps = tile or default_tile(block_d)
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads_q)
+    _forward_sums[grid](q, k, v, lse, first.contiguous(), last.contiguous(), acc_w, acc_p, row_sums,
+                        seqlen_q, seqlen_k, head_dim, heads_q // heads_kv, heads_q,
+                        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                        spec.scale, gamma_logit * spec.scale, u_a,
+                        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+    # back to the contract layouts: (B, S, H, d) and (B, H, S)
+    acc_w = acc_w[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
+    acc_p = acc_p[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
+    sum_w, sum_p, row_max = row_sums.view(batch, heads_q, seqlen_q, 3).unbind(-1)
+    constant = u_a * row_max + u_f  # (B, H, S)
+    p_delta_sum = sum_w + constant * sum_p
+    # sum_(j visible) |V_jc| from prefix sums over the keys, (B, S, H_kv, d) -> each query head
+    prefix = torch.nn.functional.pad(v.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
+    visible_v = prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]
+    visible_v = visible_v * nonempty[None, :, None, None]
+    visible_v = visible_v.repeat_interleave(heads_q // heads_kv, dim=2)
+
+    def row(per_row: torch.Tensor) -> torch.Tensor:
+        """A per-query-row (S,) tensor over (B, S, H, d)."""
+        return per_row[None, :, None, None]
+
+    def per_head(rows: torch.Tensor) -> torch.Tensor:
+        """A (B, H, S) tensor over (B, S, H, d)."""
+        return rows.transpose(1, 2)[..., None]
+
+    o_abs = golden.out.detach().to(device, torch.float64).abs()
+    bound_out = (
+        acc_w + per_head(constant) * acc_p + row(u + gamma_out) * acc_p
+        + (row(u + gamma_out + u_a) + per_head(p_delta_sum)) * o_abs
+        + (eta + eta_a) * visible_v + eta + row(3 * n * eta_a)
+    )
+    bound_lse = (p_delta_sum + gamma_out + u_f * (1 + log_n) + 3 * u_a * (lse.abs() + row_max) + u_lse * lse.abs())
+    bound_lse = torch.where(nonempty, bound_lse, eta_lse)
+    bounds = {"out": bound_out, "lse": bound_lse}
+    for name, bound in bounds.items():
+        bound *= 1 + error_model.SECOND_ORDER_UNITS * u
+        certified = float(golden.certified_bound.get(name, 0.0))
+        if certified:
+            bound += certified * error_model._largest_finite(getattr(golden, name))
+    return bounds
+
+
+def default_tile(block_d: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for a padded head dim: two float64 (BLOCK_M x BLOCK_D) accumulators and
+    two float64 copies of Q's rows live in registers, so the rows shrink as the head dim grows (untuned)."""
+    return (64 if block_d <= 64 else 32 if block_d <= 128 else 16), 32, 4
+
+
+#: Tiles the timing mode tries besides the default, (BLOCK_M, BLOCK_N, num_warps).
+TILES = [(16, 32, 4), (32, 32, 4), (32, 64, 8), (64, 32, 8), (64, 64, 8)]
+
+CHECKS = [
+    dict(batch=2, seqlen_q=70, seqlen_k=70, heads_q=4, heads_kv=2, head_dim=32, dtype="float16", causal=True),
+    dict(batch=1, seqlen_q=33, seqlen_k=130, heads_q=3, heads_kv=1, head_dim=40, dtype="bfloat16"),
+    dict(batch=1, seqlen_q=129, seqlen_k=65, heads_q=2, heads_kv=2, head_dim=64, dtype="float16",
+         window_size=(16, 0)),
+    dict(batch=1, seqlen_q=96, seqlen_k=100, heads_q=1, heads_kv=1, head_dim=8, dtype="float32", causal=True),
+]
+
+
+def _check(device: str) -> int:
+    worst = 0.0
+    for fields in CHECKS:
+        spec = CaseSpec(**fields, backward=False, seed=1)
+        case = make_case(spec, device)
+        golden = check.golden_for(case)
+        torch_bounds = error_model.first_order_bounds(case, golden)
+        fused = fused_forward_bounds(case, golden)
+        for name in ("out", "lse"):
+            relative = float(((fused[name] - torch_bounds[name]).abs() / torch_bounds[name]).max())
+            worst = max(worst, relative)
+            print(json.dumps({"case": fields, "output": name, "max relative difference": relative}))
+    print(f"worst relative difference: {worst:.3g}")
+    return 0 if worst <= 1e-12 else 1
+
+
+def _time(device: str, shape: str, causal: bool, dtype: str) -> None:
+    batch, heads_q, heads_kv, seqlen, head_dim = (int(part) for part in shape.split(","))
+    spec = CaseSpec(batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads_q, heads_kv=heads_kv,
+                    head_dim=head_dim, dtype=dtype, causal=causal, backward=False, seed=1)
+    case = make_case(spec, device)
+    golden = check.golden_for(case)
+    torch_bounds, torch_seconds = timed(device, error_model.first_order_bounds, case, golden)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    for tile in dict.fromkeys([default_tile(block_d), *TILES]):
+        fused_forward_bounds(case, golden, tile)  # compile
+        fused, fused_seconds = timed(device, fused_forward_bounds, case, golden, tile)
+        relative = max(float(((fused[name] - torch_bounds[name]).abs() / torch_bounds[name]).max()) for name in fused)
+        print(json.dumps({"shape": shape, "causal": causal, "dtype": dtype, "tile": tile,
+                          "torch s": round(torch_seconds, 4), "fused s": round(fused_seconds, 4),
+                          "max relative difference": relative,
+                          "device": torch.cuda.get_device_name() if device.startswith("cuda") else device}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="compare with the torch bounds on small cases")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--shape", default="1,1,1,16384,128", help="batch,heads_q,heads_kv,seqlen,head_dim")
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--dtype", default="bfloat16")
+    arguments = parser.parse_args()
+    if arguments.check:
+        return _check(arguments.device)
+    _time(arguments.device, arguments.shape, arguments.causal, arguments.dtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
