@@ -266,9 +266,9 @@ def _meminfo_available() -> int | None:
 
 
 #: Device memory a process holds outside PyTorch's caching allocator, kept out of the processes' shares of a
-#: GPU (:func:`process_share`): its CUDA context with the kernels' modules and the libraries' handles, about
-#: 0.5 to 1 GiB per process with torch 2 on an H100; twice the larger, since a process past its share fails
-#: its case (docs/design.md, "Cases and their size").
+#: GPU (:func:`process_share`): its CUDA context with the kernels' modules and the libraries' handles.  Not
+#: measured per process; three `scale` workers capped with it ran that whole profile on one H100 without
+#: running out of memory (docs/benchmarks.md, "The `scale` property profile").
 CONTEXT_BYTES = 2 * 2**30
 
 #: The share of each CUDA device's memory this process keeps to (:func:`keep_to_share`), by device index.
