@@ -1,4 +1,4 @@
-"""A fused Triton kernel for the error model's forward bounds (``out`` and ``lse``), beside the torch evaluation.
+"""Fused Triton kernels for the error model's bounds on ``out``, ``lse`` and ``dq``, beside the torch evaluation.
 
 Prototype for issue 30's six-case target: :func:`verify.error_model.bounds_and_flush_shares` evaluates
 eqs. (1) to (3) of docs/error-model.md as about a dozen float64 passes over each (rows x keys) block.  Here one
@@ -11,16 +11,18 @@ constants of (1) factor out of the sums over keys:
     W_ij = P_ij (gamma_{d+2} scale (|Q| |K|^T)_ij + u_a |S_ij|)
 
 and ``sum_(j visible) |V_jc|`` is a difference of prefix sums over the keys.  The epilogue (O(rows x d)) is
-eqs. (2), (3), (10) and (11) as the torch code has them.  Equal to the torch bounds up to float64 summation
-order (relative 1e-12 checked here); the MHA/GQA heads, masks by ``first``/``last`` key per row (causal,
-windows), FA2's partial sums (no split-KV) only::
+eqs. (2), (3), (10) and (11) as the torch code has them.  A second row-major kernel (:func:`_dq_sums`) takes
+those rows' constants (``M_i``, ``B^L_i``, ``B^D_i`` of eq. 5) and forms eqs. (4), (6) and (8) per tile with
+five ``tl.dot``; dK and dV (key-major, eqs. 7 and 9) and the flush shares (12) are not here yet.  Equal to
+the torch bounds up to float64 summation order (relative 1e-12 checked here); the MHA/GQA heads, masks by
+``first``/``last`` key per row (causal, windows), FA2's partial sums (no split-KV) only::
 
     PYTHONPATH=. TRITON_INTERPRET=1 python lab/probes/probe_fused_bounds.py --check          # CPU, interpreter
     PYTHONPATH=. python lab/probes/probe_fused_bounds.py --device cuda --shape 1,1,1,131072,128 --causal
 
 ``--check`` compares fused and torch bounds on small cases (exit 1 on a mismatch); the second form times
-both on one case (``synced.timed``, the golden untimed), the fused kernel in each of a few tiles, one JSON
-line per tile.
+the forward bounds both ways on one case (``synced.timed``, the golden untimed), the fused kernel in each of a
+few tiles, one JSON line per tile.
 """
 
 from __future__ import annotations
@@ -92,10 +94,9 @@ def _forward_sums(Q, K, V, LSE, FIRST, LAST, ACC_W, ACC_P, ROW_SUMS,
     tl.store(sums + 2, largest, mask=row_ok)
 
 
-def fused_forward_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
-    """Eqs. (1) to (3), (10) and (11) for ``out`` and ``lse`` (FA2's partial sums), as
-    :func:`verify.error_model.first_order_bounds` returns them, from one :func:`_forward_sums` launch with
-    ``tile`` = (BLOCK_M, BLOCK_N, num_warps) (default: :func:`default_tile`)."""
+def _forward_raw(case, golden, tile: tuple[int, int, int] | None) -> dict[str, torch.Tensor]:
+    """The first-order bounds (2) and (3) before (10) and (11), with the row quantities the backward's bounds
+    reuse: ``row_max`` (M_i), ``lse_rows`` (the golden LSE, 0 on rows of no key), the float64 inputs."""
     spec, device = case.spec, case.q.device
     dtype = spec.torch_dtype
     u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
@@ -151,13 +152,126 @@ def fused_forward_bounds(case, golden, tile: tuple[int, int, int] | None = None)
     )
     bound_lse = (p_delta_sum + gamma_out + u_f * (1 + log_n) + 3 * u_a * (lse.abs() + row_max) + u_lse * lse.abs())
     bound_lse = torch.where(nonempty, bound_lse, eta_lse)
-    bounds = {"out": bound_out, "lse": bound_lse}
+    return {"out": bound_out, "lse": bound_lse, "row_max": row_max, "lse_rows": lse, "first": first, "last": last,
+            "n": n, "v": v, "k": k, "q": q}
+
+
+def _finish(bounds: dict[str, torch.Tensor], golden, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Eqs. (10) and (11): each first-order bound times ``1 + 4u``, plus the golden's certified error."""
     for name, bound in bounds.items():
-        bound *= 1 + error_model.SECOND_ORDER_UNITS * u
+        bound *= 1 + error_model.SECOND_ORDER_UNITS * error_model.unit_roundoff(dtype)
         certified = float(golden.certified_bound.get(name, 0.0))
         if certified:
             bound += certified * error_model._largest_finite(getattr(golden, name))
     return bounds
+
+
+def fused_forward_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
+    """Eqs. (1) to (3), (10) and (11) for ``out`` and ``lse`` (FA2's partial sums), as
+    :func:`verify.error_model.first_order_bounds` returns them, from one :func:`_forward_sums` launch with
+    ``tile`` = (BLOCK_M, BLOCK_N, num_warps) (default: :func:`default_tile`)."""
+    raw = _forward_raw(case, golden, tile)
+    return _finish({"out": raw["out"], "lse": raw["lse"]}, golden, case.spec.torch_dtype)
+
+
+@triton.jit
+def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, DQ_UNITS, ACC,
+             seqlen_q, seqlen_k, head_dim, group, heads_q,
+             q_batch, q_seq, q_head, k_batch, k_seq, k_head,
+             scale, gamma_scale, u_a, gamma_head, eta_centered,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Per row: ``sum_j w_ij |K_jc|`` with ``w = B^dS + (2u + 2u_a + gamma_{n_i+2}) |dS|`` (eqs. 4 to 6 and 8),
+    ACC head-major (B*H, seqlen_q, BLOCK_D).  ROW_ERROR: ``u_a M_i + u_f + B^L_i + u_a |LSE_i|``, the part of
+    (4)'s ``E_ij`` constant along the row; DQ_UNITS (seqlen_q,): ``2u + 2u_a + gamma_{n_i+2}``."""
+    block, pair = tl.program_id(0), tl.program_id(1)
+    batch, head = pair // heads_q, pair % heads_q
+    rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok, col_ok = rows < seqlen_q, cols < head_dim
+    at_rows = batch * q_batch + head * q_head + rows[:, None] * q_seq + cols[None, :]
+    both = row_ok[:, None] & col_ok[None, :]
+    q = tl.load(Q + at_rows, mask=both, other=0.0)
+    dout = tl.load(DO + at_rows, mask=both, other=0.0)
+    first = tl.load(FIRST + rows, mask=row_ok, other=seqlen_k)
+    last = tl.load(LAST + rows, mask=row_ok, other=-1)
+    per_row = pair * seqlen_q + rows
+    lse = tl.load(LSE + per_row, mask=row_ok, other=0.0)
+    row_error = tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0)
+    b_delta = tl.load(B_DELTA + per_row, mask=row_ok, other=0.0)
+    d_rows = tl.load(D_ROWS + per_row, mask=row_ok, other=0.0)
+    dq_units = tl.load(DQ_UNITS + rows, mask=row_ok, other=0.0)
+    scaled, magnitudes, dout_magnitudes = q * scale, tl.abs(q) * gamma_scale, tl.abs(dout) * gamma_head
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
+    kv = K + batch * k_batch + (head // group) * k_head
+    values = V + batch * k_batch + (head // group) * k_head
+    start = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
+    stop = tl.max(last, 0) + 1
+    for key_start in range(start, stop, BLOCK_N):
+        keys = key_start + tl.arange(0, BLOCK_N)
+        key_ok = (keys < seqlen_k)[:, None] & col_ok[None, :]
+        k = tl.load(kv + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
+        v = tl.load(values + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
+        k_abs = tl.abs(k)
+        s = tl.dot(scaled, tl.trans(k))
+        visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
+        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+        # (4): E_ij = gamma_{d+2} scale (|Q||K|^T)_ij + 2 u_a |S_ij| + the row's constant part
+        p_error = tl.dot(magnitudes, tl.trans(k_abs)) + 2 * u_a * tl.abs(s) + row_error[:, None]
+        centered = tl.abs(tl.dot(dout, tl.trans(v)) - d_rows[:, None])
+        # (6) but for its (2u + 2u_a) |dS_ij| and constant eta terms
+        b_ds = p * (tl.dot(dout_magnitudes, tl.trans(tl.abs(v))) + b_delta[:, None] + p_error * centered)
+        b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
+        acc += tl.dot(b_ds + p * centered * dq_units[:, None], k_abs)
+    tl.store(ACC + pair * seqlen_q * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :], acc, mask=row_ok[:, None])
+
+
+def fused_dq_bound(case, golden, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """Eq. (8) with (10) and (11) for ``dq`` (FA2's partial sums), as :func:`verify.error_model.first_order_bounds`
+    returns it: :func:`_forward_raw` for the rows' constants, then one :func:`_dq_sums` launch."""
+    spec, device = case.spec, case.q.device
+    dtype = spec.torch_dtype
+    u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
+    u_f = 4 * u_a
+    eta, eta_a = error_model.underflow_unit(dtype), error_model.flush_unit(dtype)
+    batch, seqlen_q, heads_q, head_dim = case.q.shape
+    seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
+    raw = _forward_raw(case, golden, tile)
+    first, last, n, q, k, v = (raw[name] for name in ("first", "last", "n", "q", "k", "v"))
+    lse_rows = raw["lse_rows"]
+    gamma_logit = float(error_model._gamma(head_dim + 2, u_a))
+    gamma_head = float(error_model._gamma(head_dim, u_a))
+    gamma_dq = error_model._gamma(n + 2, u_a)
+    dout = case.dout.detach().to(torch.float64).contiguous()
+    out = golden.out.detach().to(device, torch.float64)
+    dout_abs = dout.abs()
+    # (5): B^D_i = sum_c |dO_ic| B^O_ic + gamma_d sum_c |dO_ic| |O_ic|, (B, H, S)
+    b_delta = ((dout_abs * raw["out"]).sum(-1) + gamma_head * (dout_abs * out.abs()).sum(-1)).transpose(1, 2)
+    if golden.delta is not None:
+        d_rows = golden.delta.detach().to(device, torch.float64)
+    else:
+        d_rows = (dout * out).sum(-1).transpose(1, 2)
+    row_error = u_a * raw["row_max"] + u_f + raw["lse"] + u_a * lse_rows.abs()
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    acc = torch.empty(batch * heads_q, seqlen_q, block_d, dtype=torch.float64, device=device)
+    block_m, block_n, warps = tile or default_tile(block_d)
+    grid = (triton.cdiv(seqlen_q, block_m), batch * heads_q)
+    _dq_sums[grid](q, k, v, dout, lse_rows.contiguous(), row_error.contiguous(), b_delta.contiguous(),
+                   d_rows.contiguous(), first.contiguous(), last.contiguous(),
+                   (2 * u + 2 * u_a + gamma_dq).contiguous(), acc,
+                   seqlen_q, seqlen_k, head_dim, heads_q // heads_kv, heads_q,
+                   q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                   spec.scale, gamma_logit * spec.scale, u_a, gamma_head, eta + eta_a,
+                   BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+    acc = acc[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
+    nonempty = (n > 0)[None, :, None, None]
+    prefix = torch.nn.functional.pad(k.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
+    visible_k = (prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]) * nonempty
+    visible_k = visible_k.repeat_interleave(heads_q // heads_kv, dim=2)
+    eta_ds = eta + eta_a * (2 * head_dim + 2)
+    dq_flushes = (3 * (n + 2) * (n > 0) * max(1.0, spec.scale) * eta_a)[None, :, None, None]
+    bound = (spec.scale * (acc + eta_ds * visible_k) + u * golden.dq.detach().to(device, torch.float64).abs()
+             + eta + dq_flushes)
+    return _finish({"dq": bound}, golden, dtype)["dq"]
 
 
 def default_tile(block_d: int) -> tuple[int, int, int]:
@@ -181,12 +295,12 @@ CHECKS = [
 def _check(device: str) -> int:
     worst = 0.0
     for fields in CHECKS:
-        spec = CaseSpec(**fields, backward=False, seed=1)
+        spec = CaseSpec(**fields, seed=1)
         case = make_case(spec, device)
         golden = check.golden_for(case)
         torch_bounds = error_model.first_order_bounds(case, golden)
-        fused = fused_forward_bounds(case, golden)
-        for name in ("out", "lse"):
+        fused = {**fused_forward_bounds(case, golden), "dq": fused_dq_bound(case, golden)}
+        for name in ("out", "lse", "dq"):
             relative = float(((fused[name] - torch_bounds[name]).abs() / torch_bounds[name]).max())
             worst = max(worst, relative)
             print(json.dumps({"case": fields, "output": name, "max relative difference": relative}))
