@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lab/probes/probe_fused_bounds.py on one GPU: the fused float64 bounds kernels (out, lse, dq, dk, dv) checked
-# against the torch error model on its small cases (compiled, not interpreted), then the forward bounds timed both
-# ways on three of the scale set's long shapes, each tile of the probe a JSON line -> $OUT/fused-bounds.jsonl.
+# against the torch error model on its small cases (compiled, not interpreted), then the bounds and flush shares
+# timed both ways on three of the scale set's long shapes, forward and backward, each tile of the probe a JSON
+# line -> $OUT/fused-bounds.jsonl.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh

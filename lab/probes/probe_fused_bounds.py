@@ -15,17 +15,18 @@ eqs. (2), (3), (10) and (11) as the torch code has them.  The backward's kernels
 (``M_i``, ``B^L_i``, ``B^D_i`` of eq. 5): a row-major one (:func:`_dq_sums`) forms eqs. (4), (6) and (8) per
 tile with five ``tl.dot``, a key-major one (:func:`_dkv_sums`, FA2's backward order) eqs. (7) and (9) with six,
 summing the GQA group's heads inside; the rows that see a key give its ``sum |dO|`` and ``sum |Q|`` terms as
-prefix sums.  The flush shares (12) are not here yet.  Equal to the torch bounds up to float64 summation order
-(relative 1e-12 checked here; terms of order ``eta_a`` = 2^-126 are below that resolution on these cases);
-MHA/GQA heads, masks by ``first``/``last`` key per row (causal, windows), FA2's partial sums (no split-KV)
-only::
+prefix sums.  The flush shares (12) ride along, one more ``tl.dot`` in each backward kernel.  Equal to the
+torch bounds and shares up to float64 summation order (relative 1e-12 checked here; terms of order ``eta_a``
+= 2^-126 are below that resolution in the bounds, not in the shares); MHA/GQA heads, masks by
+``first``/``last`` key per row (causal, windows), FA2's partial sums (no split-KV) only::
 
     PYTHONPATH=. TRITON_INTERPRET=1 python lab/probes/probe_fused_bounds.py --check          # CPU, interpreter
     PYTHONPATH=. python lab/probes/probe_fused_bounds.py --device cuda --shape 1,1,1,131072,128 --causal
 
-``--check`` compares fused and torch bounds on small cases (exit 1 on a mismatch); the second form times
-the forward bounds both ways on one case (``synced.timed``, the golden untimed), the fused kernel in each of a
-few tiles, one JSON line per tile.
+``--check`` compares fused and torch bounds and shares on small cases (exit 1 on a mismatch); the second form
+times :func:`fused_bounds_and_flush_shares` against ``bounds_and_flush_shares`` on one case (``synced.timed``,
+the golden untimed; ``--forward`` for the forward's bounds only), the kernels in each of a few tiles, one JSON
+line per tile.
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def _forward_sums(Q, K, V, LSE, FIRST, LAST, ACC_W, ACC_P, ROW_SUMS,
 
 def _forward_raw(case, golden, tile: tuple[int, int, int] | None) -> dict[str, torch.Tensor]:
     """The first-order bounds (2) and (3) before (10) and (11), with the row quantities the backward's bounds
-    reuse: ``row_max`` (M_i), ``lse_rows`` (the golden LSE, 0 on rows of no key), the float64 inputs."""
+    reuse: ``row_max`` (M_i), ``lse_rows`` (the golden LSE, 0 on rows of no key), the float64 inputs, and
+    ``flush_out``, (12)'s ``F^O``."""
     spec, device = case.spec, case.q.device
     dtype = spec.torch_dtype
     u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
@@ -155,8 +157,10 @@ def _forward_raw(case, golden, tile: tuple[int, int, int] | None) -> dict[str, t
     )
     bound_lse = (p_delta_sum + gamma_out + u_f * (1 + log_n) + 3 * u_a * (lse.abs() + row_max) + u_lse * lse.abs())
     bound_lse = torch.where(nonempty, bound_lse, eta_lse)
-    return {"out": bound_out, "lse": bound_lse, "row_max": row_max, "lse_rows": lse, "first": first, "last": last,
-            "n": n, "v": v, "k": k, "q": q}
+    # (12): F^O_ic = eta_a sum_(j visible) |V_jc| + 3 n_i eta_a
+    flush_out = eta_a * visible_v + row(3 * n * eta_a)
+    return {"out": bound_out, "lse": bound_lse, "flush_out": flush_out, "row_max": row_max, "lse_rows": lse,
+            "first": first, "last": last, "n": n, "v": v, "k": k, "q": q}
 
 
 def _finish(bounds: dict[str, torch.Tensor], golden, dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -169,23 +173,16 @@ def _finish(bounds: dict[str, torch.Tensor], golden, dtype: torch.dtype) -> dict
     return bounds
 
 
-def fused_forward_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
-    """Eqs. (1) to (3), (10) and (11) for ``out`` and ``lse`` (FA2's partial sums), as
-    :func:`verify.error_model.first_order_bounds` returns them, from one :func:`_forward_sums` launch with
-    ``tile`` = (BLOCK_M, BLOCK_N, num_warps) (default: :func:`default_tile`)."""
-    raw = _forward_raw(case, golden, tile)
-    return _finish({"out": raw["out"], "lse": raw["lse"]}, golden, case.spec.torch_dtype)
-
-
 @triton.jit
-def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, DQ_UNITS, ACC,
+def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, FIRST, LAST, DQ_UNITS, ACC, ACC_FLUSH,
              seqlen_q, seqlen_k, head_dim, group, heads_q,
              q_batch, q_seq, q_head, k_batch, k_seq, k_head,
-             scale, gamma_scale, u_a, gamma_head, eta_centered,
+             scale, gamma_scale, u_a, gamma_head, eta_centered, eta_a,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per row: ``sum_j w_ij |K_jc|`` with ``w = B^dS + (2u + 2u_a + gamma_{n_i+2}) |dS|`` (eqs. 4 to 6 and 8),
-    ACC head-major (B*H, seqlen_q, BLOCK_D).  ROW_ERROR: ``u_a M_i + u_f + B^L_i + u_a |LSE_i|``, the part of
-    (4)'s ``E_ij`` constant along the row; DQ_UNITS (seqlen_q,): ``2u + 2u_a + gamma_{n_i+2}``."""
+    ACC head-major (B*H, seqlen_q, BLOCK_D), and (12)'s ``sum_j F^dS_ij |K_jc|`` (ACC_FLUSH).  ROW_ERROR:
+    ``u_a M_i + u_f + B^L_i + u_a |LSE_i|``, the part of (4)'s ``E_ij`` constant along the row; FLUSH_ROW:
+    ``sum_c |dO_ic| F^O_ic``; DQ_UNITS (seqlen_q,): ``2u + 2u_a + gamma_{n_i+2}``."""
     block, pair = tl.program_id(0), tl.program_id(1)
     batch, head = pair // heads_q, pair % heads_q
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -202,9 +199,11 @@ def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, DQ_UNITS
     row_error = tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0)
     b_delta = tl.load(B_DELTA + per_row, mask=row_ok, other=0.0)
     d_rows = tl.load(D_ROWS + per_row, mask=row_ok, other=0.0)
+    flush_row = tl.load(FLUSH_ROW + per_row, mask=row_ok, other=0.0)
     dq_units = tl.load(DQ_UNITS + rows, mask=row_ok, other=0.0)
     scaled, magnitudes, dout_magnitudes = q * scale, tl.abs(q) * gamma_scale, tl.abs(dout) * gamma_head
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
+    acc_flush = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
     kv = K + batch * k_batch + (head // group) * k_head
     values = V + batch * k_batch + (head // group) * k_head
     start = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
@@ -225,13 +224,18 @@ def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, DQ_UNITS
         b_ds = p * (tl.dot(dout_magnitudes, tl.trans(tl.abs(v))) + b_delta[:, None] + p_error * centered)
         b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
         acc += tl.dot(b_ds + p * centered * dq_units[:, None], k_abs)
-    tl.store(ACC + pair * seqlen_q * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :], acc, mask=row_ok[:, None])
+        # (12): F^dS_ij = (P_ij sum_c |dO_ic| F^O_ic + eta_a |dP_ij - D_i|) [j visible from i]
+        acc_flush += tl.dot(tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0), k_abs)
+    at = pair * seqlen_q * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
+    tl.store(ACC + at, acc, mask=row_ok[:, None])
+    tl.store(ACC_FLUSH + at, acc_flush, mask=row_ok[:, None])
 
 
 def _row_constants(case, golden, tile: tuple[int, int, int] | None) -> dict:
     """:func:`_forward_raw` with what the backward's kernels take per row: ``row_error``, the part of (4)'s
     ``E_ij`` constant along row ``i`` (``u_a M_i + u_f + B^L_i + u_a |LSE_i|``), ``b_delta`` (eq. 5),
-    ``d_rows`` (``D_i``), all (B, H, S); ``dout`` in float64; ``gamma_logit`` and ``gamma_head``."""
+    ``d_rows`` (``D_i``), ``flush_row`` (``sum_c |dO_ic| F^O_ic``, eq. 12), all (B, H, S); ``dout`` in float64;
+    ``gamma_logit`` and ``gamma_head``."""
     device, dtype = case.q.device, case.spec.torch_dtype
     u_a = error_model.accumulation_unit(dtype)
     head_dim = case.q.shape[-1]
@@ -250,55 +254,22 @@ def _row_constants(case, golden, tile: tuple[int, int, int] | None) -> dict:
         rows["d_rows"] = (dout * out).sum(-1).transpose(1, 2).contiguous()
     row_error = u_a * rows["row_max"] + 4 * u_a + rows["lse"] + u_a * rows["lse_rows"].abs()
     rows["row_error"] = row_error.contiguous()
+    rows["flush_row"] = (dout_abs * rows["flush_out"]).sum(-1).transpose(1, 2).contiguous()
     return rows
 
 
-def fused_dq_bound(case, golden, tile: tuple[int, int, int] | None = None) -> torch.Tensor:
-    """Eq. (8) with (10) and (11) for ``dq`` (FA2's partial sums), as :func:`verify.error_model.first_order_bounds`
-    returns it: :func:`_row_constants`, then one :func:`_dq_sums` launch."""
-    spec, device = case.spec, case.q.device
-    dtype = spec.torch_dtype
-    u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
-    eta, eta_a = error_model.underflow_unit(dtype), error_model.flush_unit(dtype)
-    batch, seqlen_q, heads_q, head_dim = case.q.shape
-    seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
-    rows = _row_constants(case, golden, tile)
-    first, last, n, q, k = (rows[name] for name in ("first", "last", "n", "q", "k"))
-    gamma_dq = error_model._gamma(n + 2, u_a)
-    block_d = max(16, triton.next_power_of_2(head_dim))
-    acc = torch.empty(batch * heads_q, seqlen_q, block_d, dtype=torch.float64, device=device)
-    block_m, block_n, warps = tile or default_tile(block_d)
-    grid = (triton.cdiv(seqlen_q, block_m), batch * heads_q)
-    _dq_sums[grid](q, k, rows["v"], rows["dout"], rows["lse_rows"], rows["row_error"], rows["b_delta"],
-                   rows["d_rows"], first.contiguous(), last.contiguous(),
-                   (2 * u + 2 * u_a + gamma_dq).contiguous(), acc,
-                   seqlen_q, seqlen_k, head_dim, heads_q // heads_kv, heads_q,
-                   q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                   spec.scale, rows["gamma_logit"] * spec.scale, u_a, rows["gamma_head"], eta + eta_a,
-                   BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
-    acc = acc[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
-    nonempty = (n > 0)[None, :, None, None]
-    prefix = torch.nn.functional.pad(k.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
-    visible_k = (prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]) * nonempty
-    visible_k = visible_k.repeat_interleave(heads_q // heads_kv, dim=2)
-    eta_ds = eta + eta_a * (2 * head_dim + 2)
-    dq_flushes = (3 * (n + 2) * (n > 0) * max(1.0, spec.scale) * eta_a)[None, :, None, None]
-    bound = (spec.scale * (acc + eta_ds * visible_k) + u * golden.dq.detach().to(device, torch.float64).abs()
-             + eta + dq_flushes)
-    return _finish({"dq": bound}, golden, dtype)["dq"]
-
-
 @triton.jit
-def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, FIRST_ROW, LAST_ROW, DV_UNITS, DK_UNITS,
-              ACC_DV, ACC_DK,
+def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, FIRST, LAST, FIRST_ROW, LAST_ROW, DV_UNITS,
+              DK_UNITS, ACC_DV, ACC_DK, ACC_FLUSH,
               seqlen_q, seqlen_k, head_dim, group, heads_q, heads_kv,
               q_batch, q_seq, q_head, k_batch, k_seq, k_head,
-              scale, gamma_scale, u_a, gamma_head, eta_centered,
+              scale, gamma_scale, u_a, gamma_head, eta_centered, eta_a,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Per key, over the group's query heads and the rows that see it: ``sum_(h,i) (E_hij + units_j) P_hij |dO_hic|``
     (eq. 7) and ``sum_(h,i) (B^dS_hij + units'_j |dS_hij|) |Q_hic|`` (eq. 9), ACC_DV and ACC_DK head-major
-    (B*H_kv, seqlen_k, BLOCK_D).  FIRST_ROW, LAST_ROW: the rows that see each key; DV_UNITS, DK_UNITS (seqlen_k,):
-    ``u + u_G + gamma_{N_j+G}`` and ``2u + 2u_a + u_G + gamma_{N_j+G+2}``."""
+    (B*H_kv, seqlen_k, BLOCK_D), and (12)'s ``sum_(h,i) F^dS_hij |Q_hic|`` (ACC_FLUSH).  FIRST_ROW, LAST_ROW: the
+    rows that see each key; DV_UNITS, DK_UNITS (seqlen_k,): ``u + u_G + gamma_{N_j+G}`` and
+    ``2u + 2u_a + u_G + gamma_{N_j+G+2}``."""
     block, pair = tl.program_id(0), tl.program_id(1)
     batch, kv_head = pair // heads_kv, pair % heads_kv
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -317,6 +288,7 @@ def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, FIRST_R
     stop = tl.max(last_row, 0) + 1
     acc_dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
     acc_dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
+    acc_flush = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
     for member in range(0, group):
         head = kv_head * group + member
         for row_start in range(start, stop, BLOCK_M):
@@ -332,6 +304,7 @@ def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, FIRST_R
             row_error = tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0)
             b_delta = tl.load(B_DELTA + per_row, mask=row_ok, other=0.0)
             d_rows = tl.load(D_ROWS + per_row, mask=row_ok, other=0.0)
+            flush_row = tl.load(FLUSH_ROW + per_row, mask=row_ok, other=0.0)
             s = tl.dot(q * scale, tl.trans(k))
             visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
             p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
@@ -341,9 +314,12 @@ def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FIRST, LAST, FIRST_R
             b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
             acc_dv += tl.dot(tl.trans((p_error + dv_units[None, :]) * p), tl.abs(dout))
             acc_dk += tl.dot(tl.trans(b_ds + p * centered * dk_units[None, :]), tl.abs(q))
+            flush_ds = tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0)
+            acc_flush += tl.dot(tl.trans(flush_ds), tl.abs(q))
     at = pair * seqlen_k * BLOCK_D + keys[:, None] * BLOCK_D + cols[None, :]
     tl.store(ACC_DV + at, acc_dv, mask=key_ok[:, None])
     tl.store(ACC_DK + at, acc_dk, mask=key_ok[:, None])
+    tl.store(ACC_FLUSH + at, acc_flush, mask=key_ok[:, None])
 
 
 def _rows_seeing(values: torch.Tensor, first_row: torch.Tensor, last_row: torch.Tensor, group: int) -> torch.Tensor:
@@ -356,10 +332,56 @@ def _rows_seeing(values: torch.Tensor, first_row: torch.Tensor, last_row: torch.
     return (prefix[:, (last_row + 1).clamp(min=0, max=seqlen_q)] - prefix[:, first_row.clamp(max=seqlen_q)]) * seen
 
 
-def fused_dkv_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> dict[str, torch.Tensor]:
-    """Eqs. (7) and (9) with (10) and (11) for ``dv`` and ``dk`` (FA2's partial sums), as
-    :func:`verify.error_model.first_order_bounds` returns them: the rows' constants of :func:`_row_constants`,
-    then one key-major :func:`_dkv_sums` launch."""
+def _dq_terms(case, rows: dict, tile: tuple[int, int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. (8) before (10) and (11), and (12)'s ``F^dQ``, (B, S, H, d): one :func:`_dq_sums` launch."""
+    spec, device = case.spec, case.q.device
+    dtype = spec.torch_dtype
+    u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
+    eta, eta_a = error_model.underflow_unit(dtype), error_model.flush_unit(dtype)
+    batch, seqlen_q, heads_q, head_dim = case.q.shape
+    seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
+    first, last, n, q, k = (rows[name] for name in ("first", "last", "n", "q", "k"))
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    acc = torch.empty(batch * heads_q, seqlen_q, block_d, dtype=torch.float64, device=device)
+    acc_flush = torch.empty_like(acc)
+    block_m, block_n, warps = tile or default_tile(block_d)
+    _dq_sums[(triton.cdiv(seqlen_q, block_m), batch * heads_q)](
+        q, k, rows["v"], rows["dout"], rows["lse_rows"], rows["row_error"], rows["b_delta"], rows["d_rows"],
+        rows["flush_row"], first.contiguous(), last.contiguous(),
+        (2 * u + 2 * u_a + error_model._gamma(n + 2, u_a)).contiguous(), acc, acc_flush,
+        seqlen_q, seqlen_k, head_dim, heads_q // heads_kv, heads_q,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        spec.scale, rows["gamma_logit"] * spec.scale, u_a, rows["gamma_head"], eta + eta_a, eta_a,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+
+    def contract(head_major: torch.Tensor) -> torch.Tensor:
+        return head_major[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
+
+    prefix = torch.nn.functional.pad(k.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
+    visible_k = (prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]) * (n > 0)[
+        None, :, None, None]
+    visible_k = visible_k.repeat_interleave(heads_q // heads_kv, dim=2)
+    eta_a_ds = eta_a * (2 * head_dim + 2)
+    dq_flushes = (3 * (n + 2) * (n > 0) * max(1.0, spec.scale) * eta_a)[None, :, None, None]
+    bound = (spec.scale * (contract(acc) + (eta + eta_a_ds) * visible_k)
+             + u * rows["golden"].dq.detach().to(device, torch.float64).abs() + eta + dq_flushes)
+    flush = spec.scale * (contract(acc_flush) + eta_a_ds * visible_k) + dq_flushes
+    return bound, flush
+
+
+def _rows_seeing(values: torch.Tensor, first_row: torch.Tensor, last_row: torch.Tensor, group: int) -> torch.Tensor:
+    """``sum_((h,i) sees j) values_hic``, (B, seqlen_k, H_kv, d), of ``values`` (B, S, H, d): the group's heads
+    summed, then a difference of prefix sums over the rows ``first_row[j]..last_row[j]`` (none when empty)."""
+    batch, seqlen_q, heads_q, head_dim = values.shape
+    summed = values.view(batch, seqlen_q, heads_q // group, group, head_dim).sum(3)
+    prefix = torch.nn.functional.pad(summed.cumsum(1), (0, 0, 0, 0, 1, 0))
+    seen = (last_row >= first_row)[None, :, None, None]
+    return (prefix[:, (last_row + 1).clamp(min=0, max=seqlen_q)] - prefix[:, first_row.clamp(max=seqlen_q)]) * seen
+
+
+def _dkv_terms(case, rows: dict, tile: tuple[int, int, int] | None) -> dict[str, torch.Tensor]:
+    """Eqs. (7) and (9) before (10) and (11), and (12)'s ``F^dV``, ``F^dK``, (B, seqlen_k, H_kv, d): one key-major
+    :func:`_dkv_sums` launch, the rows that see each key summed by prefix sums."""
     spec, device = case.spec, case.q.device
     dtype = spec.torch_dtype
     u, u_a = error_model.unit_roundoff(dtype), error_model.accumulation_unit(dtype)
@@ -367,7 +389,6 @@ def fused_dkv_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> 
     batch, seqlen_q, heads_q, head_dim = case.q.shape
     seqlen_k, heads_kv = case.k.shape[1], case.k.shape[2]
     group = heads_q // heads_kv
-    rows = _row_constants(case, golden, tile)
     first, last, q, k, v, dout = (rows[name] for name in ("first", "last", "q", "k", "v", "dout"))
     first_row, last_row = error_model.rows_seeing_keys(first, last, seqlen_k)
     n_key = group * (last_row - first_row + 1).clamp(min=0).to(torch.float64)
@@ -375,29 +396,54 @@ def fused_dkv_bounds(case, golden, tile: tuple[int, int, int] | None = None) -> 
     dv_units = u + u_group + error_model._gamma(n_key + group, u_a)
     dk_units = 2 * u + 2 * u_a + u_group + error_model._gamma(n_key + group + 2, u_a)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    acc_dv = torch.empty(batch * heads_kv, seqlen_k, block_d, dtype=torch.float64, device=device)
-    acc_dk = torch.empty_like(acc_dv)
+    accumulators = [torch.empty(batch * heads_kv, seqlen_k, block_d, dtype=torch.float64, device=device)
+                    for _ in range(3)]
     block_m, block_n, warps = tile or default_tile(block_d)
-    grid = (triton.cdiv(seqlen_k, block_n), batch * heads_kv)
-    _dkv_sums[grid](q, k, v, dout, rows["lse_rows"], rows["row_error"], rows["b_delta"], rows["d_rows"],
-                    first.contiguous(), last.contiguous(), first_row.contiguous(), last_row.contiguous(),
-                    dv_units.contiguous(), dk_units.contiguous(), acc_dv, acc_dk,
-                    seqlen_q, seqlen_k, head_dim, group, heads_q, heads_kv,
-                    q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-                    spec.scale, rows["gamma_logit"] * spec.scale, u_a, rows["gamma_head"], eta + eta_a,
-                    BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
-    acc_dv = acc_dv[..., :head_dim].view(batch, heads_kv, seqlen_k, head_dim).transpose(1, 2)
-    acc_dk = acc_dk[..., :head_dim].view(batch, heads_kv, seqlen_k, head_dim).transpose(1, 2)
+    _dkv_sums[(triton.cdiv(seqlen_k, block_n), batch * heads_kv)](
+        q, k, v, dout, rows["lse_rows"], rows["row_error"], rows["b_delta"], rows["d_rows"], rows["flush_row"],
+        first.contiguous(), last.contiguous(), first_row.contiguous(), last_row.contiguous(),
+        dv_units.contiguous(), dk_units.contiguous(), *accumulators,
+        seqlen_q, seqlen_k, head_dim, group, heads_q, heads_kv,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        spec.scale, rows["gamma_logit"] * spec.scale, u_a, rows["gamma_head"], eta + eta_a, eta_a,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=warps)
+    acc_dv, acc_dk, acc_flush = (acc[..., :head_dim].view(batch, heads_kv, seqlen_k, head_dim).transpose(1, 2)
+                                 for acc in accumulators)
     seen = (n_key > 0).to(torch.float64)[None, :, None, None]
     n_key = n_key[None, :, None, None]
     eta_group = eta + (group if group > 1 else 0) * eta * seen
-    eta_ds = eta + eta_a * (2 * head_dim + 2)
-    dv = (acc_dv + (eta + eta_a) * _rows_seeing(dout.abs(), first_row, last_row, group)
-          + u * golden.dv.detach().to(device, torch.float64).abs() + eta_group + 3 * (n_key + group) * seen * eta_a)
-    dk = (spec.scale * (acc_dk + eta_ds * _rows_seeing(q.abs(), first_row, last_row, group))
-          + u * golden.dk.detach().to(device, torch.float64).abs() + eta_group
-          + 3 * (n_key + group + 2) * seen * max(1.0, spec.scale) * eta_a)
-    return _finish({"dv": dv, "dk": dk}, golden, dtype)
+    eta_a_ds = eta_a * (2 * head_dim + 2)
+    seeing_dout = _rows_seeing(dout.abs(), first_row, last_row, group)
+    seeing_q = _rows_seeing(q.abs(), first_row, last_row, group)
+    dv_flushes = 3 * (n_key + group) * seen * eta_a
+    dk_flushes = 3 * (n_key + group + 2) * seen * max(1.0, spec.scale) * eta_a
+    golden = rows["golden"]
+    return {
+        "dv": (acc_dv + (eta + eta_a) * seeing_dout + u * golden.dv.detach().to(device, torch.float64).abs()
+               + eta_group + dv_flushes),
+        "dk": (spec.scale * (acc_dk + (eta + eta_a_ds) * seeing_q)
+               + u * golden.dk.detach().to(device, torch.float64).abs() + eta_group + dk_flushes),
+        "flush_dv": eta_a * seeing_dout + dv_flushes,
+        "flush_dk": spec.scale * (acc_flush + eta_a_ds * seeing_q) + dk_flushes,
+    }
+
+
+def fused_bounds_and_flush_shares(case, golden, tile: tuple[int, int, int] | None = None):
+    """:func:`verify.error_model.bounds_and_flush_shares` for FA2's partial sums (no split-KV): the bounds of
+    every output the golden has, with (10) and (11), and their flush shares (12), from the three kernels."""
+    if golden.dq is None:
+        rows = _forward_raw(case, golden, tile)
+    else:
+        rows = _row_constants(case, golden, tile)
+    rows["golden"] = golden
+    bounds = {"out": rows["out"], "lse": rows["lse"]}
+    shares = {"out": rows["flush_out"], "lse": torch.zeros_like(rows["lse"])}
+    if golden.dq is not None:
+        bounds["dq"], shares["dq"] = _dq_terms(case, rows, tile)
+        terms = _dkv_terms(case, rows, tile)
+        bounds.update(dv=terms["dv"], dk=terms["dk"])
+        shares.update(dv=terms["flush_dv"], dk=terms["flush_dk"])
+    return _finish(bounds, golden, case.spec.torch_dtype), shares
 
 
 def default_tile(block_d: int) -> tuple[int, int, int]:
@@ -421,38 +467,43 @@ CHECKS = [
 ]
 
 
+def _differences(fused: tuple[dict, dict], reference: tuple[dict, dict]) -> dict[str, float]:
+    """The largest relative difference of each bound and each flush share (0 where both are 0)."""
+    differences = {}
+    for kind, fused_part, reference_part in zip(("bound", "flush share"), fused, reference):
+        for name, expected in reference_part.items():
+            gap = (fused_part[name] - expected).abs()
+            differences[f"{kind} {name}"] = float(torch.where(gap > 0, gap / expected.abs(), 0.0).max())
+    return differences
+
+
 def _check(device: str) -> int:
     worst = 0.0
     for fields in CHECKS:
-        spec = CaseSpec(**fields, seed=1)
-        case = make_case(spec, device)
+        case = make_case(CaseSpec(**fields, seed=1), device)
         golden = check.golden_for(case)
-        torch_bounds = error_model.first_order_bounds(case, golden)
-        fused = {**fused_forward_bounds(case, golden), "dq": fused_dq_bound(case, golden),
-                 **fused_dkv_bounds(case, golden)}
-        for name in ("out", "lse", "dq", "dk", "dv"):
-            relative = float(((fused[name] - torch_bounds[name]).abs() / torch_bounds[name]).max())
-            worst = max(worst, relative)
-            print(json.dumps({"case": fields, "output": name, "max relative difference": relative}))
+        differences = _differences(fused_bounds_and_flush_shares(case, golden),
+                                   error_model.bounds_and_flush_shares(case, golden))
+        worst = max(worst, *differences.values())
+        print(json.dumps({"case": fields, "max relative difference": differences}))
     print(f"worst relative difference: {worst:.3g}")
     return 0 if worst <= 1e-12 else 1
 
 
-def _time(device: str, shape: str, causal: bool, dtype: str) -> None:
+def _time(device: str, shape: str, causal: bool, dtype: str, backward: bool) -> None:
     batch, heads_q, heads_kv, seqlen, head_dim = (int(part) for part in shape.split(","))
     spec = CaseSpec(batch=batch, seqlen_q=seqlen, seqlen_k=seqlen, heads_q=heads_q, heads_kv=heads_kv,
-                    head_dim=head_dim, dtype=dtype, causal=causal, backward=False, seed=1)
+                    head_dim=head_dim, dtype=dtype, causal=causal, backward=backward, seed=1)
     case = make_case(spec, device)
     golden = check.golden_for(case)
-    torch_bounds, torch_seconds = timed(device, error_model.first_order_bounds, case, golden)
+    reference, torch_seconds = timed(device, error_model.bounds_and_flush_shares, case, golden)
     block_d = max(16, triton.next_power_of_2(head_dim))
     for tile in dict.fromkeys([default_tile(block_d), *TILES]):
-        fused_forward_bounds(case, golden, tile)  # compile
-        fused, fused_seconds = timed(device, fused_forward_bounds, case, golden, tile)
-        relative = max(float(((fused[name] - torch_bounds[name]).abs() / torch_bounds[name]).max()) for name in fused)
-        print(json.dumps({"shape": shape, "causal": causal, "dtype": dtype, "tile": tile,
+        fused_bounds_and_flush_shares(case, golden, tile)  # compile
+        fused, fused_seconds = timed(device, fused_bounds_and_flush_shares, case, golden, tile)
+        print(json.dumps({"shape": shape, "causal": causal, "dtype": dtype, "backward": backward, "tile": tile,
                           "torch s": round(torch_seconds, 4), "fused s": round(fused_seconds, 4),
-                          "max relative difference": relative,
+                          "max relative difference": max(_differences(fused, reference).values()),
                           "device": torch.cuda.get_device_name() if device.startswith("cuda") else device}))
 
 
@@ -463,10 +514,11 @@ def main() -> int:
     parser.add_argument("--shape", default="1,1,1,16384,128", help="batch,heads_q,heads_kv,seqlen,head_dim")
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--forward", action="store_true", help="time the forward's bounds only")
     arguments = parser.parse_args()
     if arguments.check:
         return _check(arguments.device)
-    _time(arguments.device, arguments.shape, arguments.causal, arguments.dtype)
+    _time(arguments.device, arguments.shape, arguments.causal, arguments.dtype, not arguments.forward)
     return 0
 
 
