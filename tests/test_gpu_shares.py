@@ -119,3 +119,11 @@ def test_the_command_prints_the_workers_per_gpu(gpu, monkeypatch, capsys):
     assert "usage: python -m fa2_verify.properties.gpu_shares" in capsys.readouterr().err
     monkeypatch.setattr(gpu_shares, "_host_gpus", lambda: (0, 0))
     assert gpu_shares.main(["scale"]) == 2 and "no CUDA GPU is visible" in capsys.readouterr().err
+
+
+def test_the_controller_describes_the_shares_it_allowed(gpu):
+    line = gpu_shares.share_memory("scale", "cuda", 3, None, "cuda")
+    assert line == ("gpu memory: 3 workers share each GPU of 79.2 GiB, each keeping to 24.4 GiB "
+                    "(scale profile: 18.6 GiB per example)")
+    assert gpu_shares.share_memory("ci", "cuda", 3, None, "cuda") is None
+    assert gpu_shares.share_memory("scale", "cuda", 3, 0, "cuda") is None, "a worker reports nothing"

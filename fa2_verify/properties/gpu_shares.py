@@ -53,18 +53,18 @@ def workers_per_gpu(profile_name: str, cores: int, gpus: int, device_bytes: int)
 
 
 def share_memory(profile_name: str, device: str, worker_count: int, worker_index: int | None,
-                 worker_device: str) -> None:
+                 worker_device: str) -> str | None:
     """Under the profile's per-example budget, refuse ``worker_count`` workers on ``device`` (as asked:
     ``cuda`` spreads them over the GPUs) whose GPU shares fall below it, and make worker ``worker_index``'s
-    process keep to its share of ``worker_device`` (None: the controller, which only checks); nothing without a
-    budget, off CUDA, or when one worker has the GPU."""
+    process keep to its share of ``worker_device`` (None: the controller, which only checks and returns the
+    line its report header shows); nothing without a budget, off CUDA, or when one worker has the GPU."""
     import torch
 
     from fa2_verify.verify import memory
 
     budget = profiles.get(profile_name).limits("cuda").max_bytes
     if budget is None or not device.startswith("cuda") or worker_count < 2:
-        return
+        return None
     gpus, smallest = _host_gpus()
     if worker_index is None:
         sharing = worker_count if device != "cuda" or gpus < 2 else math.ceil(worker_count / gpus)
@@ -77,10 +77,14 @@ def share_memory(profile_name: str, device: str, worker_count: int, worker_index
                 f"{share / 2**30:.1f} GiB, below the {profile_name} profile's {budget / 2**30:.1f} GiB per "
                 f"example: run at most {most} per GPU (-n auto picks it)"
             )
-        return
+        if sharing < 2:
+            return None
+        return (f"gpu memory: {sharing} workers share each GPU of {total / 2**30:.1f} GiB, each keeping to "
+                f"{share / 2**30:.1f} GiB ({profile_name} profile: {budget / 2**30:.1f} GiB per example)")
     sharing = workers_on_device(worker_index, worker_count, device, gpus)
     if sharing > 1:
         memory.keep_to_share(worker_device, sharing)
+    return None
 
 
 def _host_gpus() -> tuple[int, int]:

@@ -72,6 +72,7 @@ def configure(config: pytest.Config, validate_target: Callable[..., str]) -> dic
     failures = config.getoption("fa2_failures")
     shape_classes = count_option("--fa2-shape-classes", config.getoption("fa2_shape_classes"))
     shard = shard_option(config.getoption("fa2_shard"))
+    shares_line = None
     if kernel_name is None:
         alone = next(
             (flag for flag, value in (("--fa2-device", device_option), ("--fa2-dtypes", dtypes_option),
@@ -91,7 +92,7 @@ def configure(config: pytest.Config, validate_target: Callable[..., str]) -> dic
         workerinput = getattr(config, "workerinput", None)
         runs_tests = workerinput is not None or not config.getoption("numprocesses", None)
         device = validate_target(kernel_name, device, dtypes, workerinput, pin=runs_tests)
-        share_gpu_memory(config, profile_name, device_option or DEFAULT_DEVICE, device, workerinput)
+        shares_line = share_gpu_memory(config, profile_name, device_option or DEFAULT_DEVICE, device, workerinput)
         if bounds_check:
             check_bounds(config, enter=runs_tests)
         if call_timeout is not None:
@@ -110,16 +111,17 @@ def configure(config: pytest.Config, validate_target: Callable[..., str]) -> dic
         "shape_classes": shape_classes,
         "failures": failures_option(failures, database_dir) if kernel_name is not None else None,
         "durations": durations,
+        "gpu_shares": shares_line,
     }
     return of(config)
 
 
 def share_gpu_memory(
     config: pytest.Config, profile_name: str, requested: str, device: str, workerinput: dict[str, Any] | None
-) -> None:
+) -> str | None:
     """:func:`properties.gpu_shares.share_memory` in this process (``requested`` the ``--fa2-device`` given,
-    ``device`` this process's): the controller of ``-n N`` checks the workers' shares, a worker keeps to its
-    own; a refusal is a usage error on ``-n``."""
+    ``device`` this process's): the controller of ``-n N`` checks the workers' shares and returns the line
+    describing them, a worker keeps to its own; a refusal is a usage error on ``-n``."""
     from fa2_verify.core.errors import UsageError
     from fa2_verify.properties import gpu_shares
 
@@ -128,7 +130,7 @@ def share_gpu_memory(
     else:
         count, index = int(config.getoption("numprocesses", None) or 0), None
     try:
-        gpu_shares.share_memory(profile_name, requested, count, index, device)
+        return gpu_shares.share_memory(profile_name, requested, count, index, device)
     except UsageError as exc:
         raise pytest.UsageError(str(exc)) from None
 

@@ -31,7 +31,7 @@ import pytest
 
 from fa2_verify.properties import allure_results, collection, inflight_session, ordering, profiles, runtest, schedule
 from fa2_verify.properties.device_pinning import worker_device, worker_share
-from fa2_verify.properties.options import DEFAULT_DEVICE, EXAMPLES_DIR, configure
+from fa2_verify.properties.options import DEFAULT_DEVICE, EXAMPLES_DIR, configure, configured, of
 from fa2_verify.properties.options import usage as _usage
 from fa2_verify.properties.summary import Summary
 from fa2_verify.verify.watchdog import DEFAULT_CALL_TIMEOUT
@@ -131,6 +131,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     finished = os.environ.get(FINISHED)
     if finished and not hasattr(config, "workerinput"):
         pathlib.Path(finished).write_text("finished\n")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The workers' shares of a GPU's memory, when they keep to some (:mod:`properties.gpu_shares`)."""
+    return of(config)["gpu_shares"] if configured(config) else None
 
 
 @pytest.hookimpl(optionalhook=True)
