@@ -46,6 +46,22 @@ from fa2_verify.verify import check, error_model
 
 
 @triton.jit
+def _tiles(A, B, base, index, seq_stride, length, cols, col_ok):
+    """Rows ``index`` (< ``length``) of one head of ``A`` and ``B`` from offset ``base``, (len(index), BLOCK_D)
+    each, 0 past the ends."""
+    at = base + index[:, None] * seq_stride + cols[None, :]
+    both = (index < length)[:, None] & col_ok[None, :]
+    return tl.load(A + at, mask=both, other=0.0), tl.load(B + at, mask=both, other=0.0)
+
+
+@triton.jit
+def _span(first, last, BLOCK: tl.constexpr):
+    """``(start, stop)``: the indices from ``min(first)`` rounded down to a multiple of ``BLOCK`` to ``max(last)``,
+    the span of keys (rows) a block of rows (keys) sees."""
+    return (tl.min(first, 0) // BLOCK) * BLOCK, tl.max(last, 0) + 1
+
+
+@triton.jit
 def _forward_sums(Q, K, V, LSE, FIRST, LAST, ACC_W, ACC_P, ROW_SUMS,
                   seqlen_q, seqlen_k, head_dim, group, heads_q,
                   q_batch, q_seq, q_head, k_batch, k_seq, k_head,
@@ -69,15 +85,12 @@ def _forward_sums(Q, K, V, LSE, FIRST, LAST, ACC_W, ACC_P, ROW_SUMS,
     sum_w = tl.zeros((BLOCK_M,), dtype=tl.float64)
     sum_p = tl.zeros((BLOCK_M,), dtype=tl.float64)
     largest = tl.zeros((BLOCK_M,), dtype=tl.float64)
-    kv = K + batch * k_batch + (head // group) * k_head
-    values = V + batch * k_batch + (head // group) * k_head
-    start = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
-    stop = tl.max(last, 0) + 1
+    kv_base = batch * k_batch + (head // group) * k_head
+    start, stop = _span(first, last, BLOCK_N)
     for key_start in range(start, stop, BLOCK_N):
         keys = key_start + tl.arange(0, BLOCK_N)
-        key_ok = (keys < seqlen_k)[:, None] & col_ok[None, :]
-        k = tl.load(kv + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
-        v = tl.abs(tl.load(values + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0))
+        k, v = _tiles(K, V, kv_base, keys, k_seq, seqlen_k, cols, col_ok)
+        v = tl.abs(v)
         s = tl.dot(scaled, tl.trans(k))
         a = tl.dot(magnitudes, tl.trans(tl.abs(k)))
         visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
@@ -135,11 +148,7 @@ def _forward_raw(case, golden, tile: tuple[int, int, int] | None) -> dict[str, t
     sum_w, sum_p, row_max = row_sums.view(batch, heads_q, seqlen_q, 3).unbind(-1)
     constant = u_a * row_max + u_f  # (B, H, S)
     p_delta_sum = sum_w + constant * sum_p
-    # sum_(j visible) |V_jc| from prefix sums over the keys, (B, S, H_kv, d) -> each query head
-    prefix = torch.nn.functional.pad(v.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
-    visible_v = prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]
-    visible_v = visible_v * nonempty[None, :, None, None]
-    visible_v = visible_v.repeat_interleave(heads_q // heads_kv, dim=2)
+    visible_v = _visible_sums(v.abs(), first, last, heads_q // heads_kv)
 
     def row(per_row: torch.Tensor) -> torch.Tensor:
         """A per-query-row (S,) tensor over (B, S, H, d)."""
@@ -163,6 +172,16 @@ def _forward_raw(case, golden, tile: tuple[int, int, int] | None) -> dict[str, t
             "first": first, "last": last, "n": n, "v": v, "k": k, "q": q}
 
 
+def _visible_sums(values: torch.Tensor, first: torch.Tensor, last: torch.Tensor, group: int) -> torch.Tensor:
+    """``sum_(j visible from i) values_jc``, (B, S, H, d), of ``values`` (B, seqlen_k, H_kv, d), each kv head's
+    sums repeated over its ``group`` query heads: a difference of prefix sums over the keys ``first[i]..last[i]``
+    (0 for a row that sees none)."""
+    seqlen_k = values.shape[1]
+    prefix = torch.nn.functional.pad(values.cumsum(1), (0, 0, 0, 0, 1, 0))
+    sums = prefix[:, (last + 1).clamp(min=0, max=seqlen_k)] - prefix[:, first.clamp(max=seqlen_k)]
+    return (sums * (last >= first)[None, :, None, None]).repeat_interleave(group, dim=2)
+
+
 def _finish(bounds: dict[str, torch.Tensor], golden, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Eqs. (10) and (11): each first-order bound times ``1 + 4u``, plus the golden's certified error."""
     for name, bound in bounds.items():
@@ -171,6 +190,33 @@ def _finish(bounds: dict[str, torch.Tensor], golden, dtype: torch.dtype) -> dict
         if certified:
             bound += certified * error_model._largest_finite(getattr(golden, name))
     return bounds
+
+
+@triton.jit
+def _row_terms(LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, per_row, row_ok):
+    """The backward's per-row constants of rows ``per_row`` (head-major offsets); 0 on rows past the end."""
+    return (tl.load(LSE + per_row, mask=row_ok, other=0.0), tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0),
+            tl.load(B_DELTA + per_row, mask=row_ok, other=0.0), tl.load(D_ROWS + per_row, mask=row_ok, other=0.0),
+            tl.load(FLUSH_ROW + per_row, mask=row_ok, other=0.0))
+
+
+@triton.jit
+def _tile_terms(q, dout, k, v, keys, first, last, lse, row_error, b_delta, d_rows, flush_row,
+                scale, gamma_scale, u_a, gamma_head, eta_centered, eta_a):
+    """One (rows x keys) tile of the backward's bounds: ``P``, ``|dP - D|``, ``B^dS`` without its
+    ``(2u + 2u_a) |dS|`` (eqs. 4 to 6, 0 where the key is hidden), ``E`` (eq. 4) and ``F^dS`` (eq. 12)."""
+    s = tl.dot(q * scale, tl.trans(k))
+    visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    # (4): E_ij = gamma_{d+2} scale (|Q||K|^T)_ij + 2 u_a |S_ij| + the row's constant part
+    p_error = tl.dot(tl.abs(q) * gamma_scale, tl.trans(tl.abs(k))) + 2 * u_a * tl.abs(s) + row_error[:, None]
+    centered = tl.abs(tl.dot(dout, tl.trans(v)) - d_rows[:, None])
+    # (6) but for its (2u + 2u_a) |dS_ij| and constant eta terms
+    b_ds = p * (tl.dot(tl.abs(dout) * gamma_head, tl.trans(tl.abs(v))) + b_delta[:, None] + p_error * centered)
+    b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
+    # (12): F^dS_ij = (P_ij sum_c |dO_ic| F^O_ic + eta_a |dP_ij - D_i|) [j visible from i]
+    flush_ds = tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0)
+    return p, centered, b_ds, p_error, flush_ds
 
 
 @triton.jit
@@ -188,44 +234,24 @@ def _dq_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, FIRST, LAS
     rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     row_ok, col_ok = rows < seqlen_q, cols < head_dim
-    at_rows = batch * q_batch + head * q_head + rows[:, None] * q_seq + cols[None, :]
-    both = row_ok[:, None] & col_ok[None, :]
-    q = tl.load(Q + at_rows, mask=both, other=0.0)
-    dout = tl.load(DO + at_rows, mask=both, other=0.0)
+    q, dout = _tiles(Q, DO, batch * q_batch + head * q_head, rows, q_seq, seqlen_q, cols, col_ok)
     first = tl.load(FIRST + rows, mask=row_ok, other=seqlen_k)
     last = tl.load(LAST + rows, mask=row_ok, other=-1)
-    per_row = pair * seqlen_q + rows
-    lse = tl.load(LSE + per_row, mask=row_ok, other=0.0)
-    row_error = tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0)
-    b_delta = tl.load(B_DELTA + per_row, mask=row_ok, other=0.0)
-    d_rows = tl.load(D_ROWS + per_row, mask=row_ok, other=0.0)
-    flush_row = tl.load(FLUSH_ROW + per_row, mask=row_ok, other=0.0)
+    lse, row_error, b_delta, d_rows, flush_row = _row_terms(LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW,
+                                                            pair * seqlen_q + rows, row_ok)
     dq_units = tl.load(DQ_UNITS + rows, mask=row_ok, other=0.0)
-    scaled, magnitudes, dout_magnitudes = q * scale, tl.abs(q) * gamma_scale, tl.abs(dout) * gamma_head
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
     acc_flush = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float64)
-    kv = K + batch * k_batch + (head // group) * k_head
-    values = V + batch * k_batch + (head // group) * k_head
-    start = (tl.min(first, 0) // BLOCK_N) * BLOCK_N
-    stop = tl.max(last, 0) + 1
+    kv_base = batch * k_batch + (head // group) * k_head
+    start, stop = _span(first, last, BLOCK_N)
     for key_start in range(start, stop, BLOCK_N):
         keys = key_start + tl.arange(0, BLOCK_N)
-        key_ok = (keys < seqlen_k)[:, None] & col_ok[None, :]
-        k = tl.load(kv + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
-        v = tl.load(values + keys[:, None] * k_seq + cols[None, :], mask=key_ok, other=0.0)
-        k_abs = tl.abs(k)
-        s = tl.dot(scaled, tl.trans(k))
-        visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
-        p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-        # (4): E_ij = gamma_{d+2} scale (|Q||K|^T)_ij + 2 u_a |S_ij| + the row's constant part
-        p_error = tl.dot(magnitudes, tl.trans(k_abs)) + 2 * u_a * tl.abs(s) + row_error[:, None]
-        centered = tl.abs(tl.dot(dout, tl.trans(v)) - d_rows[:, None])
-        # (6) but for its (2u + 2u_a) |dS_ij| and constant eta terms
-        b_ds = p * (tl.dot(dout_magnitudes, tl.trans(tl.abs(v))) + b_delta[:, None] + p_error * centered)
-        b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
-        acc += tl.dot(b_ds + p * centered * dq_units[:, None], k_abs)
-        # (12): F^dS_ij = (P_ij sum_c |dO_ic| F^O_ic + eta_a |dP_ij - D_i|) [j visible from i]
-        acc_flush += tl.dot(tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0), k_abs)
+        k, v = _tiles(K, V, kv_base, keys, k_seq, seqlen_k, cols, col_ok)
+        p, centered, b_ds, _, flush_ds = _tile_terms(q, dout, k, v, keys, first, last, lse, row_error, b_delta,
+                                                     d_rows, flush_row, scale, gamma_scale, u_a, gamma_head,
+                                                     eta_centered, eta_a)
+        acc += tl.dot(b_ds + p * centered * dq_units[:, None], tl.abs(k))
+        acc_flush += tl.dot(flush_ds, tl.abs(k))
     at = pair * seqlen_q * BLOCK_D + rows[:, None] * BLOCK_D + cols[None, :]
     tl.store(ACC + at, acc, mask=row_ok[:, None])
     tl.store(ACC_FLUSH + at, acc_flush, mask=row_ok[:, None])
@@ -275,17 +301,12 @@ def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, FIRST, LA
     keys = block * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
     key_ok, col_ok = keys < seqlen_k, cols < head_dim
-    at_keys = batch * k_batch + kv_head * k_head + keys[:, None] * k_seq + cols[None, :]
-    both = key_ok[:, None] & col_ok[None, :]
-    k = tl.load(K + at_keys, mask=both, other=0.0)
-    v = tl.load(V + at_keys, mask=both, other=0.0)
-    k_abs, v_abs = tl.abs(k), tl.abs(v)
+    k, v = _tiles(K, V, batch * k_batch + kv_head * k_head, keys, k_seq, seqlen_k, cols, col_ok)
     dv_units = tl.load(DV_UNITS + keys, mask=key_ok, other=0.0)
     dk_units = tl.load(DK_UNITS + keys, mask=key_ok, other=0.0)
     first_row = tl.load(FIRST_ROW + keys, mask=key_ok, other=seqlen_q)
     last_row = tl.load(LAST_ROW + keys, mask=key_ok, other=-1)
-    start = (tl.min(first_row, 0) // BLOCK_M) * BLOCK_M
-    stop = tl.max(last_row, 0) + 1
+    start, stop = _span(first_row, last_row, BLOCK_M)
     acc_dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
     acc_dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
     acc_flush = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float64)
@@ -294,42 +315,21 @@ def _dkv_sums(Q, K, V, DO, LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, FIRST, LA
         for row_start in range(start, stop, BLOCK_M):
             rows = row_start + tl.arange(0, BLOCK_M)
             row_ok = rows < seqlen_q
-            at_rows = batch * q_batch + head * q_head + rows[:, None] * q_seq + cols[None, :]
-            q = tl.load(Q + at_rows, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
-            dout = tl.load(DO + at_rows, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+            q, dout = _tiles(Q, DO, batch * q_batch + head * q_head, rows, q_seq, seqlen_q, cols, col_ok)
             first = tl.load(FIRST + rows, mask=row_ok, other=seqlen_k)
             last = tl.load(LAST + rows, mask=row_ok, other=-1)
-            per_row = (batch * heads_q + head) * seqlen_q + rows
-            lse = tl.load(LSE + per_row, mask=row_ok, other=0.0)
-            row_error = tl.load(ROW_ERROR + per_row, mask=row_ok, other=0.0)
-            b_delta = tl.load(B_DELTA + per_row, mask=row_ok, other=0.0)
-            d_rows = tl.load(D_ROWS + per_row, mask=row_ok, other=0.0)
-            flush_row = tl.load(FLUSH_ROW + per_row, mask=row_ok, other=0.0)
-            s = tl.dot(q * scale, tl.trans(k))
-            visible = (keys[None, :] >= first[:, None]) & (keys[None, :] <= last[:, None])
-            p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-            p_error = tl.dot(tl.abs(q) * gamma_scale, tl.trans(k_abs)) + 2 * u_a * tl.abs(s) + row_error[:, None]
-            centered = tl.abs(tl.dot(dout, tl.trans(v)) - d_rows[:, None])
-            b_ds = p * (tl.dot(tl.abs(dout) * gamma_head, tl.trans(v_abs)) + b_delta[:, None] + p_error * centered)
-            b_ds = tl.where(visible, b_ds + eta_centered * centered, 0.0)
+            lse, row_error, b_delta, d_rows, flush_row = _row_terms(
+                LSE, ROW_ERROR, B_DELTA, D_ROWS, FLUSH_ROW, (batch * heads_q + head) * seqlen_q + rows, row_ok)
+            p, centered, b_ds, p_error, flush_ds = _tile_terms(q, dout, k, v, keys, first, last, lse, row_error,
+                                                               b_delta, d_rows, flush_row, scale, gamma_scale,
+                                                               u_a, gamma_head, eta_centered, eta_a)
             acc_dv += tl.dot(tl.trans((p_error + dv_units[None, :]) * p), tl.abs(dout))
             acc_dk += tl.dot(tl.trans(b_ds + p * centered * dk_units[None, :]), tl.abs(q))
-            flush_ds = tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0)
             acc_flush += tl.dot(tl.trans(flush_ds), tl.abs(q))
     at = pair * seqlen_k * BLOCK_D + keys[:, None] * BLOCK_D + cols[None, :]
     tl.store(ACC_DV + at, acc_dv, mask=key_ok[:, None])
     tl.store(ACC_DK + at, acc_dk, mask=key_ok[:, None])
     tl.store(ACC_FLUSH + at, acc_flush, mask=key_ok[:, None])
-
-
-def _rows_seeing(values: torch.Tensor, first_row: torch.Tensor, last_row: torch.Tensor, group: int) -> torch.Tensor:
-    """``sum_((h,i) sees j) values_hic``, (B, seqlen_k, H_kv, d), of ``values`` (B, S, H, d): the group's heads
-    summed, then a difference of prefix sums over the rows ``first_row[j]..last_row[j]`` (none when empty)."""
-    batch, seqlen_q, heads_q, head_dim = values.shape
-    summed = values.view(batch, seqlen_q, heads_q // group, group, head_dim).sum(3)
-    prefix = torch.nn.functional.pad(summed.cumsum(1), (0, 0, 0, 0, 1, 0))
-    seen = (last_row >= first_row)[None, :, None, None]
-    return (prefix[:, (last_row + 1).clamp(min=0, max=seqlen_q)] - prefix[:, first_row.clamp(max=seqlen_q)]) * seen
 
 
 def _dq_terms(case, rows: dict, tile: tuple[int, int, int] | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -357,10 +357,7 @@ def _dq_terms(case, rows: dict, tile: tuple[int, int, int] | None) -> tuple[torc
     def contract(head_major: torch.Tensor) -> torch.Tensor:
         return head_major[..., :head_dim].view(batch, heads_q, seqlen_q, head_dim).transpose(1, 2)
 
-    prefix = torch.nn.functional.pad(k.abs().cumsum(1), (0, 0, 0, 0, 1, 0))
-    visible_k = (prefix[:, (last + 1).clamp(min=0)] - prefix[:, first.clamp(max=seqlen_k)]) * (n > 0)[
-        None, :, None, None]
-    visible_k = visible_k.repeat_interleave(heads_q // heads_kv, dim=2)
+    visible_k = _visible_sums(k.abs(), first, last, heads_q // heads_kv)
     eta_a_ds = eta_a * (2 * head_dim + 2)
     dq_flushes = (3 * (n + 2) * (n > 0) * max(1.0, spec.scale) * eta_a)[None, :, None, None]
     bound = (spec.scale * (contract(acc) + (eta + eta_a_ds) * visible_k)
