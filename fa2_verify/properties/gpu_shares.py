@@ -36,20 +36,23 @@ def workers_on_device(worker_index: int, worker_count: int, device: str, device_
     return len(range(worker_index % device_count, worker_count, device_count))
 
 
-def workers_per_gpu(profile_name: str, cores: int, gpus: int, device_bytes: int) -> int:
-    """Workers for each of ``gpus`` GPUs of ``device_bytes`` (the smallest) on ``cores`` CPU cores: the cores
-    per GPU, and under a per-example budget no more than the most whose shares
-    (:func:`verify.memory.process_share`) each hold it; at least 1."""
+def most_sharing(budget: int, device_bytes: int) -> int:
+    """The most processes whose shares of a device of ``device_bytes`` (:func:`verify.memory.process_share`)
+    each hold ``budget`` bytes (> 0); at least 1."""
     from fa2_verify.verify.memory import process_share
 
+    sharing = 1
+    while process_share(device_bytes, sharing + 1) >= budget:
+        sharing += 1
+    return sharing
+
+
+def workers_per_gpu(profile_name: str, cores: int, gpus: int, device_bytes: int) -> int:
+    """Workers for each of ``gpus`` GPUs of ``device_bytes`` (the smallest) on ``cores`` CPU cores: the cores
+    per GPU, and under a per-example budget no more than :func:`most_sharing` of it; at least 1."""
     per_gpu = max(1, cores // max(1, gpus))
     budget = profiles.get(profile_name).limits("cuda").max_bytes
-    if budget is None:
-        return per_gpu
-    fitting = 1
-    while fitting < per_gpu and process_share(device_bytes, fitting + 1) >= budget:
-        fitting += 1
-    return fitting
+    return per_gpu if budget is None else min(per_gpu, most_sharing(budget, device_bytes))
 
 
 def share_memory(profile_name: str, device: str, worker_count: int, worker_index: int | None,
@@ -68,23 +71,30 @@ def share_memory(profile_name: str, device: str, worker_count: int, worker_index
     gpus, smallest = _host_gpus()
     if worker_index is None:
         sharing = worker_count if device != "cuda" or gpus < 2 else math.ceil(worker_count / gpus)
+        if sharing < 2:
+            return None
         total = smallest if device == "cuda" else torch.cuda.get_device_properties(torch.device(device)).total_memory
         share = memory.process_share(total, sharing)
-        if sharing > 1 and share < budget:
-            most = workers_per_gpu(profile_name, sys.maxsize, 1, total)
+        if share < budget:
             raise UsageError(
                 f"-n {worker_count}: {sharing} workers share a GPU of {total / 2**30:.1f} GiB, each "
                 f"{share / 2**30:.1f} GiB, below the {profile_name} profile's {budget / 2**30:.1f} GiB per "
-                f"example: run at most {most} per GPU (-n auto picks it)"
+                f"example: run at most {most_sharing(budget, total)} per GPU (-n auto picks it)"
             )
-        if sharing < 2:
-            return None
         return (f"gpu memory: {sharing} workers share each GPU of {total / 2**30:.1f} GiB, each keeping to "
                 f"{share / 2**30:.1f} GiB ({profile_name} profile: {budget / 2**30:.1f} GiB per example)")
     sharing = workers_on_device(worker_index, worker_count, device, gpus)
     if sharing > 1:
         memory.keep_to_share(worker_device, sharing)
     return None
+
+
+def _host_workers_per_gpu(profile_name: str) -> tuple[int, int]:
+    """``(GPUs, workers_per_gpu)`` of this host for the profile; ``(0, 0)`` without a CUDA GPU."""
+    gpus, total = _host_gpus()
+    if gpus == 0:
+        return 0, 0
+    return gpus, workers_per_gpu(profile_name, len(os.sched_getaffinity(0)), gpus, total)
 
 
 def _host_gpus() -> tuple[int, int]:
@@ -104,10 +114,8 @@ def auto_workers(config: Any) -> int | None:
     profile_name = config.getoption("fa2_profile", None) or "dev"
     if kernel is None or not device.startswith("cuda") or profile_name not in profiles.PROFILES:
         return None
-    gpus, total = _host_gpus()
-    if gpus == 0:
-        return None
-    return gpus * workers_per_gpu(profile_name, len(os.sched_getaffinity(0)), gpus, total)
+    gpus, per_gpu = _host_workers_per_gpu(profile_name)
+    return gpus * per_gpu if gpus else None
 
 
 def main(argv: list[str]) -> int:
@@ -116,11 +124,11 @@ def main(argv: list[str]) -> int:
         print(f"usage: python -m fa2_verify.properties.gpu_shares PROFILE ({', '.join(profiles.PROFILES)})",
               file=sys.stderr)
         return 2
-    gpus, total = _host_gpus()
+    gpus, per_gpu = _host_workers_per_gpu(argv[0])
     if gpus == 0:
         print("python -m fa2_verify.properties.gpu_shares: no CUDA GPU is visible", file=sys.stderr)
         return 2
-    print(workers_per_gpu(argv[0], len(os.sched_getaffinity(0)), gpus, total))
+    print(per_gpu)
     return 0
 
 

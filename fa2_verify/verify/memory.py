@@ -281,13 +281,18 @@ def process_share(total: int, processes: int) -> int:
     return max(0, (total - processes * CONTEXT_BYTES) // processes)
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The index of CUDA ``device``: its own, else the current device's."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def keep_to_share(device: str | torch.device, processes: int) -> int:
     """Cap this process's caching allocator on CUDA ``device`` at :func:`process_share` of its memory, so that
     ``processes`` processes sharing it each keep to their part (the allocator frees its cached blocks before it
     would exceed the cap, ``torch.cuda.set_per_process_memory_fraction``); :func:`free_memory` then counts
     only this share.  Return the share in bytes."""
     device = torch.device(device)
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     total = torch.cuda.get_device_properties(index).total_memory
     share = process_share(total, processes)
     torch.cuda.set_per_process_memory_fraction(share / total, index)
@@ -305,7 +310,7 @@ def free_memory(device: str | torch.device) -> int:
     """
     device = torch.device(device)
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _cuda_index(device)
         free, _ = torch.cuda.mem_get_info(index)
         allocated = torch.cuda.memory_allocated(index)
         room = free + torch.cuda.memory_reserved(index) - allocated
@@ -318,7 +323,7 @@ def free_memory(device: str | torch.device) -> int:
 
 def _device_label(device: torch.device) -> str:
     """``cuda:0``, with this process's share of it when it keeps to one (:func:`keep_to_share`)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _cuda_index(device)
     if index not in _shares:
         return str(device)
     return f"{device}, of which this process may use {_bytes(_shares[index])} (fewer processes per GPU get more)"
