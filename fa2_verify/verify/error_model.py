@@ -33,7 +33,9 @@ loop over pairs.  A correct kernel keeps
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
+import os
 from typing import Any, Mapping
 
 import torch
@@ -352,6 +354,20 @@ def _key_block_partials(ds: torch.Tensor, k_rows: torch.Tensor, keys: slice, las
     return rounded
 
 
+def _fuses_weights(requested: bool | None, device: torch.device, partials: PartialSums) -> bool:
+    """Whether :func:`bounds_and_flush_shares` takes :mod:`verify.bound_weights`' passes: as ``requested``, by
+    default on CUDA with Triton compiling (not interpreting); never with declared partial sums, whose terms need
+    the signed ``dS`` of the torch evaluation."""
+    if partials != PartialSums():
+        if requested:
+            raise ValueError("the fused weights serve FA2's partial sums only; declared partial sums need torch")
+        return False
+    if requested is not None:
+        return requested
+    return (device.type == "cuda" and importlib.util.find_spec("triton") is not None
+            and os.environ.get("TRITON_INTERPRET", "0") != "1")
+
+
 def _largest_finite(expected: torch.Tensor) -> float:
     """``max |expected|`` over its finite elements (0 if none), a chunk at a time on its device."""
     flat = expected.detach().reshape(-1)
@@ -395,7 +411,8 @@ def first_order_bounds(case: Case, golden: Any, partials: PartialSums = PartialS
 
 
 def bounds_and_flush_shares(
-    case: Case, golden: Any, partials: PartialSums = PartialSums(), *, flush_shares: bool = True
+    case: Case, golden: Any, partials: PartialSums = PartialSums(), *, flush_shares: bool = True,
+    fused_weights: bool | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Per-element bounds (float64, on the case's device) for ``out``, ``lse`` and, with a backward, ``dq``, ``dk``,
     ``dv``, and with ``flush_shares`` each bound's share for float32's flushing (else an empty dict).
@@ -406,6 +423,10 @@ def bounds_and_flush_shares(
     subnormals (:func:`verify.noise_verdicts.judge`).  It is evaluated in the
     same pass over the blocks as the bounds, from the same weights ``P`` and
     ``|dP - D|``; no partial-sum term (2b, 7b to 9b) carries ``eta_a``.
+
+    Each block's elementwise work between its products runs in torch, or with
+    ``fused_weights`` in the three Triton passes of :mod:`verify.bound_weights`
+    (the default on CUDA with Triton, when no partial sums are declared).
 
     ``golden`` is a ``golden.GoldenResult`` for ``case`` (``out``, ``lse``,
     ``delta``, ``dq``, ``dk``, ``dv``, ``certified_bound``).  Equation numbers
@@ -511,6 +532,9 @@ def bounds_and_flush_shares(
     dkv_rows = partials.dkv_rows if backward else None
     per_pair = dkv_rows is not None
     signed_ds = backward and (per_pair or partials.dq_keys is not None)
+    fused = _fuses_weights(fused_weights, device, partials)
+    if fused:
+        from fa2_verify.verify import bound_weights
     chunk = pairs_per_chunk(batch * heads_kv, group, seqlen_q, seqlen_k, head_dim, work * group, per_pair)
 
     def by_pair(tensor: torch.Tensor, axis: int) -> torch.Tensor:
@@ -544,34 +568,41 @@ def bounds_and_flush_shares(
             o_abs = out_pairs[b, rows, g].transpose(1, 2).abs()
             lse_rows = torch.where(nonempty, lse_pairs[b, g][..., rows], 0.0)
             logits = _scores(scale * q_rows, k_rows)
-            logits_abs = logits.abs()
-            # M_i (0 for a row of no visible key)
-            row_max = mask.row_max(logits_abs)
-            # (1): gamma_{d+2} A_ij + u_a M_i + u_f in one product, then u_a |S_ij|
-            delta_logit = _scores(gamma_logit * scale * q_rows.abs(), k_abs, u_a * row_max + u_f)
-            delta_logit.add_(logits_abs, alpha=u_a)
-            p = mask.mask_(logits.sub_(lse_rows[..., None]).exp_())
-            del logits
-            p_delta = p * delta_logit
-            p_delta_sum = p_delta.sum(-1, keepdim=True)
             # (2): its three sums over keys, u sum_j P_ij |V_jc| and the like, P_ij Delta_ij |V_jc| and
             # sum_(j visible) |V_jc|, as one product with P_ij's coefficients and one sum over the visible keys
             pv_coefficient = u + gamma_out[rows][..., None]
-            if out_splits > 1:
-                # (2b)
-                weight_error = u_f + u_a * (2 * row_max + 2 * log_n[rows][..., None] + 1)
-                pv_coefficient = pv_coefficient + (u + weight_error + 2 * filled[rows][..., None] + u_a)
+            if fused:
+                magnitudes = _scores(gamma_logit * scale * q_rows.abs(), k_abs)
+                pv_weights, row_max, p_delta_sum = bound_weights.forward(
+                    logits, magnitudes, first[rows], last[rows], keys.start, lse_rows, pv_coefficient[:, 0], u_a, u_f)
+            else:
+                logits_abs = logits.abs()
+                # M_i (0 for a row of no visible key)
+                row_max = mask.row_max(logits_abs)
+                # (1): gamma_{d+2} A_ij + u_a M_i + u_f in one product, then u_a |S_ij|
+                delta_logit = _scores(gamma_logit * scale * q_rows.abs(), k_abs, u_a * row_max + u_f)
+                delta_logit.add_(logits_abs, alpha=u_a)
+                p = mask.mask_(logits.sub_(lse_rows[..., None]).exp_())
+                del logits
+                p_delta = p * delta_logit
+                p_delta_sum = p_delta.sum(-1, keepdim=True)
+                if out_splits > 1:
+                    # (2b)
+                    weight_error = u_f + u_a * (2 * row_max + 2 * log_n[rows][..., None] + 1)
+                    pv_coefficient = pv_coefficient + (u + weight_error + 2 * filled[rows][..., None] + u_a)
+                pv_weights = p_delta.addcmul_(p, pv_coefficient)
+                del p_delta
             visible_v = mask.key_sums(v_abs)[:, None]
             # the accumulation's flushes, in the bound and in its flush share (12)
             out_flushes = 3 * n[..., None] * eta_a
             b_out = (
-                _rows_times(p_delta.addcmul_(p, pv_coefficient), v_abs)
+                _rows_times(pv_weights, v_abs)
                 + (u + gamma_out[rows][..., None] + u_a + p_delta_sum) * o_abs
                 + (eta + eta_a) * visible_v
                 + (2 * eta if out_splits > 1 else eta)
                 + out_flushes
             )
-            del p_delta
+            del pv_weights
             bound_out_pairs[b, rows, g] = b_out.transpose(1, 2)
             if flush_shares:
                 # (12)
@@ -591,52 +622,71 @@ def bounds_and_flush_shares(
                 continue
             dout_rows = on_device(dout_pairs[b, rows, g]).transpose(1, 2)
             dout_abs, q_abs = dout_rows.abs(), q_rows.abs()
-            # (4), in place of (1)
-            p_error = delta_logit.add_(logits_abs, alpha=u_a).add_((b_lse + u_a * lse_rows.abs())[..., None])
-            del delta_logit, logits_abs
+            # (4)'s part constant along a row
+            row_error = b_lse + u_a * lse_rows.abs()
             # (5)
             b_delta = (dout_abs * b_out).sum(-1) + gamma_head * (dout_abs * o_abs).sum(-1)
             if delta_pairs is None:
                 d_rows = (dout_rows * out_pairs[b, rows, g].transpose(1, 2)).sum(-1)
             else:
                 d_rows = delta_pairs[b, g][..., rows]
-            # dP - D, D subtracted in the product's epilogue
+            # dP - D, D subtracted in the product's epilogue; (6)'s gamma_d sum_c |dO_ic| |V_jc| + B^D_i likewise
             centered = _scores(dout_rows, v_rows, -d_rows[..., None])
-            ds = p * centered if signed_ds else None
-            centered.abs_()
-            # (7): both sums of P_ij |dO_ic|, with (E_ij + u) and with (gamma_{N_j+G} + u_G), in one product
-            dv_weight = (p_error + (u + u_group + gamma_dv[keys])).mul_(p)
+            gradient = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None])
+            # the units of (8)'s, (7)'s and (9)'s |dS_ij| and P_ij terms; (12)'s sum_c |dO_ic| F^O_ic
+            dq_units = 2 * u + 2 * u_a + gamma_dq[rows]
+            dv_units = u + u_group + gamma_dv[keys]
+            dk_units = 2 * u + 2 * u_a + u_group + gamma_dk[keys]
+            flush_row = (dout_abs * f_out).sum(-1) if flush_shares else None
+            if fused:
+                weights = bound_weights.backward(
+                    logits, magnitudes, centered, gradient, first[rows], last[rows], keys.start,
+                    {"lse": lse_rows, "row_max": row_max[..., 0], "error": row_error, "flush": flush_row,
+                     "dq_units": dq_units},
+                    {"dv_units": dv_units, "dk_units": dk_units}, (u_a, u_f, eta_centered, eta_a))
+                del logits, magnitudes, centered, gradient
+            else:
+                # (4), in place of (1)
+                p_error = delta_logit.add_(logits_abs, alpha=u_a).add_(row_error[..., None])
+                del delta_logit, logits_abs
+                ds = p * centered if signed_ds else None
+                centered.abs_()
+                # (7): both sums of P_ij |dO_ic|, with (E_ij + u) and with (gamma_{N_j+G} + u_G), in one product
+                weights = {"dv": (p_error + dv_units).mul_(p)}
+                if flush_shares:
+                    # (12), from |dP - D| before it becomes |dS|
+                    assert flush_row is not None
+                    weights["flush"] = mask.mask_(torch.mul(p, flush_row[..., None]).add_(centered, alpha=eta_a))
+                # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij|
+                b_ds = mask.mask_(gradient.addcmul_(p_error, centered).mul_(p).add_(centered, alpha=eta_centered))
+                del p_error, gradient
+                ds_abs = centered.mul_(p)
+                # (8): B^dS_ij and gamma_{n_i+2} |dS_ij| in one product; (9): B^dS_ij and (gamma_{N_j+G+2} + u_G)
+                # |dS_ij| in one product, in place of dS's bound
+                weights["dq"] = torch.addcmul(b_ds, ds_abs, dq_units[..., None])
+                weights["dk"] = b_ds.addcmul_(ds_abs, dk_units)
+                del b_ds, ds_abs, centered
             seeing_dout = mask.row_sums(dout_abs.sum(1), keys.stop - keys.start)
-            dv_error[b, keys, g] += _keys_times(dv_weight, dout_abs) + (eta + eta_a) * seeing_dout
-            del dv_weight
+            dv_error[b, keys, g] += _keys_times(weights.pop("dv"), dout_abs) + (eta + eta_a) * seeing_dout
             seeing_q = mask.row_sums(q_abs.sum(1), keys.stop - keys.start)
             visible_k = mask.key_sums(k_abs)[:, None]
             # (8)'s flushes of the accumulation, in the bound and in its flush share (12)
             dq_flushes = 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
             if flush_shares:
-                # (12), from |dP - D| before it becomes |dS|
                 assert flush_dq_pairs is not None
-                f_ds = mask.mask_(torch.mul(p, (dout_abs * f_out).sum(-1, keepdim=True)).add_(centered, alpha=eta_a))
+                f_ds = weights.pop("flush")
                 flush_dq_pairs[b, rows, g] = (
                     scale * (_rows_times(f_ds, k_abs) + eta_a_ds * visible_k) + dq_flushes
                 ).transpose(1, 2)
                 flush_dk[b, keys, g] += _keys_times(f_ds, q_abs) + eta_a_ds * seeing_q
                 flush_dv[b, keys, g] += eta_a * seeing_dout
                 del f_ds
-            # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij| below
-            b_ds = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None]).addcmul_(p_error, centered).mul_(p)
-            b_ds = mask.mask_(b_ds.add_(centered, alpha=eta_centered))
-            del p_error
-            ds_abs = centered.mul_(p)
-            # (8): B^dS_ij and gamma_{n_i+2} |dS_ij| in one product
-            dq_weight = torch.addcmul(b_ds, ds_abs, 2 * u + 2 * u_a + gamma_dq[rows][..., None])
             b_dq = (
-                scale * (_rows_times(dq_weight, k_abs) + eta_ds * visible_k)
+                scale * (_rows_times(weights.pop("dq"), k_abs) + eta_ds * visible_k)
                 + u * dq_pairs[b, rows, g].transpose(1, 2).abs()
                 + eta
                 + dq_flushes
             )
-            del dq_weight
             if partials.dq_keys is not None:
                 # (8b)
                 assert ds is not None
@@ -649,10 +699,7 @@ def bounds_and_flush_shares(
                     + eta * (key_blocks * nonempty)[..., None]
                 )
             bound_dq_pairs[b, rows, g] = b_dq.transpose(1, 2)
-            # (9): B^dS_ij and (gamma_{N_j+G+2} + u_G) |dS_ij| in one product, in place of dS's bound
-            dk_weight = b_ds.addcmul_(ds_abs, 2 * u + 2 * u_a + u_group + gamma_dk[keys])
-            dk_error[b, keys, g] += _keys_times(dk_weight, q_abs) + eta_ds * seeing_q
-            del dk_weight, b_ds, ds_abs
+            dk_error[b, keys, g] += _keys_times(weights.pop("dk"), q_abs) + eta_ds * seeing_q
             if query_partials is not None:
                 assert ds is not None
                 query_partials.add(rows, keys, p[0], ds[0], dout_rows[0], q_rows[0])

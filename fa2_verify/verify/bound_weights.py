@@ -1,0 +1,205 @@
+"""The error model's weight matrices of one block of scores, in three Triton passes (on CUDA).
+
+:func:`verify.error_model.bounds_and_flush_shares` evaluates eqs. (1) to (12)
+of docs/error-model.md block by block: float64 products of a block's query
+rows and keys (cuBLAS), elementwise work over the (rows x keys) results,
+and products of the resulting weight matrices with ``|V|``, ``|K|``, ``|Q|``
+and ``|dO|``.  In torch that elementwise work is about two dozen operations
+per block, each a pass over the block's memory: on an H100 it was two thirds
+of the bounds' time at 131,072 keys, against one third for the ten products
+(docs/benchmarks.md).  Here it is three passes, each reading the products it
+needs once and writing the weights the next products take:
+
+* :func:`forward` from the scores ``S = scale Q K^T`` and the magnitudes
+  ``A = gamma_{d+2} scale |Q| |K|^T``: the row maximum ``M_i`` of
+  ``|S_ij|`` over the visible keys, then, with ``P_ij = exp(S_ij - LSE_i)``
+  and (1) ``Delta_ij = A_ij + u_a (|S_ij| + M_i) + u_f``, the weights
+  ``P_ij Delta_ij + c_i P_ij`` of (2)'s product with ``|V|`` and
+  ``sum_j P_ij Delta_ij`` of (2) and (3);
+* :func:`backward` from ``S``, ``A``, ``dP - D`` and
+  ``G = gamma_d |dO| |V|^T + B^D``: (4)'s ``E_ij = Delta_ij + u_a |S_ij| +
+  B^L_i + u_a |LSE_i|``, the weights of (7), (8) and (9) (``B^dS`` of (6)
+  without its ``(2u + 2u_a) |dS|``, which joins the products' own
+  ``gamma`` terms) and (12)'s ``F^dS``, each 0 on a hidden key.
+
+The two row reductions of :func:`forward` go through one partial value per
+(row, key tile), reduced by torch: deterministic, in another order than
+torch's own sums, so the bounds equal the torch evaluation's to float64's
+resolution (relative 1e-15), not bit for bit.  Partial sums a kernel declares
+(eqs. 2b, 7b to 9b) keep the torch evaluation, which forms the signed ``dS``
+they need.  Scalars travel as a float64 tensor: a compiled kernel would take
+a Python float as float32.  Under ``TRITON_INTERPRET=1`` the same kernels run
+on the CPU, which is how the tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+#: Rows and keys of one program's tile.
+BLOCK_ROWS, BLOCK_KEYS = 16, 256
+
+#: The interpreter has no libdevice; compiled, libdevice's ``exp`` is float64's correctly rounded-ish one.
+_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _exp(x):
+    """``e^x`` in float64."""
+    if _INTERPRETED:
+        return tl.exp(x)
+    return libdevice.exp(x)
+
+
+@triton.jit
+def _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
+          BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program's tile of a (C, G, R, K) block seen as (C G R) x K: its rows, its keys (local), their
+    offsets, which of them exist (``inside``) and which keys each row sees (``visible``); row ``r`` is the
+    block's local row ``r % R``, which sees keys ``FIRST[r % R]..LAST[r % R]`` (absolute)."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    row_ok = rows < n_rows
+    local = rows % rows_per_pair
+    first = tl.load(FIRST + local, mask=row_ok, other=1)
+    last = tl.load(LAST + local, mask=row_ok, other=0)
+    index = key_start + keys
+    inside = row_ok[:, None] & (keys < n_keys)[None, :]
+    visible = inside & (index[None, :] >= first[:, None]) & (index[None, :] <= last[:, None])
+    at = rows[:, None].to(tl.int64) * n_keys + keys[None, :]
+    return rows, keys, local, row_ok, inside, visible, at
+
+
+@triton.jit
+def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_start,
+                   BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """PARTIAL[r, t] = max(0, max of ``|S_rj|`` over the visible keys of key tile ``t``)."""
+    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
+                                                           BLOCK_R, BLOCK_K)
+    s = tl.load(S + at, mask=inside, other=0.0)
+    largest = tl.max(tl.where(visible, tl.abs(s), 0.0), 1)
+    tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), largest, mask=row_ok)
+
+
+@triton.jit
+def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, UNITS,
+                     rows_per_pair, n_rows, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W = P Delta + c P (0 on hidden keys), PARTIAL[r, t] = sum of ``P Delta`` over key tile ``t``; UNITS:
+    ``(u_a, u_f)``."""
+    u_a, u_f = tl.load(UNITS), tl.load(UNITS + 1)
+    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
+                                                           BLOCK_R, BLOCK_K)
+    s = tl.load(S + at, mask=inside, other=0.0)
+    a = tl.load(A + at, mask=inside, other=0.0)
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
+    row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
+    coefficient = tl.load(COEFFICIENT + local, mask=row_ok, other=0.0)
+    p = tl.where(visible, _exp(s - lse[:, None]), 0.0)
+    p_delta = p * (a + u_a * (row_max[:, None] + tl.abs(s)) + u_f)  # (1)
+    tl.store(W + at, p_delta + p * coefficient[:, None], mask=inside)
+    tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), tl.sum(p_delta, 1), mask=row_ok)
+
+
+@triton.jit
+def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_ERROR, FLUSH_ROW,
+                      DQ_UNITS, DV_UNITS, DK_UNITS, UNITS, rows_per_pair, n_rows, n_keys, key_start,
+                      FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """In place: S <- the weights of (8), A <- those of (7), CENTERED (``dP - D``) <- those of (9), and with
+    FLUSH, GRADIENT (``gamma_d |dO||V|^T + B^D``) <- (12)'s ``F^dS``; UNITS: ``(u_a, u_f, eta + eta_a, eta_a)``."""
+    u_a, u_f = tl.load(UNITS), tl.load(UNITS + 1)
+    eta_centered, eta_a = tl.load(UNITS + 2), tl.load(UNITS + 3)
+    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
+                                                           BLOCK_R, BLOCK_K)
+    key_ok = keys < n_keys
+    s = tl.load(S + at, mask=inside, other=0.0)
+    a = tl.load(A + at, mask=inside, other=0.0)
+    centered = tl.abs(tl.load(CENTERED + at, mask=inside, other=0.0))
+    gradient = tl.load(GRADIENT + at, mask=inside, other=0.0)
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
+    row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
+    row_error = tl.load(ROW_ERROR + rows, mask=row_ok, other=0.0)
+    dq_units = tl.load(DQ_UNITS + local, mask=row_ok, other=0.0)
+    dv_units = tl.load(DV_UNITS + keys, mask=key_ok, other=0.0)
+    dk_units = tl.load(DK_UNITS + keys, mask=key_ok, other=0.0)
+    p = tl.where(visible, _exp(s - lse[:, None]), 0.0)
+    # (4): E_ij = Delta_ij + u_a |S_ij| + (B^L_i + u_a |LSE_i|)
+    error = a + u_a * (row_max[:, None] + 2 * tl.abs(s)) + u_f + row_error[:, None]
+    tl.store(A + at, (error + dv_units[None, :]) * p, mask=inside)  # (7)
+    # (6) but for its (2u + 2u_a) |dS_ij| and its constant eta terms
+    b_ds = tl.where(visible, (gradient + error * centered) * p + eta_centered * centered, 0.0)
+    ds_abs = centered * p
+    tl.store(S + at, b_ds + ds_abs * dq_units[:, None], mask=inside)  # (8)
+    tl.store(CENTERED + at, b_ds + ds_abs * dk_units[None, :], mask=inside)  # (9)
+    if FLUSH:
+        # (12): F^dS_ij = (P_ij sum_c |dO_ic| F^O_ic + eta_a |dP_ij - D_i|) [j visible from i]
+        flush_row = tl.load(FLUSH_ROW + rows, mask=row_ok, other=0.0)
+        tl.store(GRADIENT + at, tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0), mask=inside)
+
+
+def _grid(scores: torch.Tensor) -> tuple[int, int]:
+    return triton.cdiv(scores.shape[:-1].numel(), BLOCK_ROWS), triton.cdiv(scores.shape[-1], BLOCK_KEYS)
+
+
+def _units(device: torch.device, *values: float) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.float64, device=device)
+
+
+def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor, last: torch.Tensor,
+            key_start: int, lse: torch.Tensor, coefficient: torch.Tensor, u_a: float,
+            u_f: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(weights, M, sum_j P_ij Delta_ij)`` of one block: ``weights`` (C, G, R, K) as ``scores``, the two row
+    quantities (C, G, R, 1).
+
+    ``scores`` and ``magnitudes`` are ``S`` and ``A`` (C, G, R, K), contiguous float64, over keys
+    ``key_start..key_start + K - 1``; ``first``, ``last`` (R,) the keys each of the block's rows sees; ``lse``
+    (C, G, R) the golden LSE (0 on a row that sees no key); ``coefficient`` (R,) ``c_i`` of (2).
+    """
+    rows_per_pair, n_keys = scores.shape[-2], scores.shape[-1]
+    n_rows = scores.shape[:-1].numel()
+    shape = (*scores.shape[:-1], 1)
+    if n_keys == 0:  # rows that see no key
+        return torch.empty_like(scores), scores.new_zeros(shape), scores.new_zeros(shape)
+    grid = _grid(scores)
+    partial = torch.empty(n_rows, grid[1], dtype=torch.float64, device=scores.device)
+    _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start,
+                         BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+    row_max = partial.amax(1)
+    weights = torch.empty_like(scores)
+    _forward_weights[grid](scores, magnitudes, weights, first, last, lse.contiguous(), row_max,
+                           coefficient.contiguous(), partial, _units(scores.device, u_a, u_f),
+                           rows_per_pair, n_rows, n_keys, key_start, BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+    return weights, row_max.view(shape), partial.sum(1).view(shape)
+
+
+def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Tensor, gradient: torch.Tensor,
+             first: torch.Tensor, last: torch.Tensor, key_start: int, rows: dict[str, torch.Tensor | None],
+             keys: dict[str, torch.Tensor], units: tuple[float, float, float, float]) -> dict[str, torch.Tensor]:
+    """The weights of (7), (8), (9) and, when ``rows["flush"]`` is given, (12)'s ``F^dS``, (C, G, R, K) each,
+    written over the four products (``dv``, ``dq``, ``dk``, ``flush``).
+
+    ``scores``, ``magnitudes`` as for :func:`forward` (unchanged since); ``centered`` ``dP - D`` and
+    ``gradient`` ``gamma_d |dO| |V|^T + B^D_i``, (C, G, R, K) contiguous float64.  ``rows``: ``lse``,
+    ``row_max`` (:func:`forward`'s ``M``), ``error`` (``B^L_i + u_a |LSE_i|``) and ``flush``
+    (``sum_c |dO_ic| F^O_ic``, or None) per (C, G, R), ``dq_units`` (R,), (8)'s
+    ``2u + 2u_a + gamma_{n_i+2}``; ``keys``: ``dv_units``, ``dk_units`` (K,), (7)'s ``u + u_G + gamma_{N_j+G}``
+    and (9)'s ``2u + 2u_a + u_G + gamma_{N_j+G+2}``; ``units``: ``(u_a, u_f, eta + eta_a, eta_a)``.
+    """
+    rows_per_pair, n_keys = scores.shape[-2], scores.shape[-1]
+    flush = rows["flush"]
+    lse, row_max, error = (rows[name].contiguous() for name in ("lse", "row_max", "error"))
+    if n_keys:
+        _backward_weights[_grid(scores)](
+            scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
+            lse if flush is None else flush.contiguous(), rows["dq_units"].contiguous(),
+            keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
+            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush is not None,
+            BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+    weights = {"dv": magnitudes, "dq": scores, "dk": centered}
+    if flush is not None:
+        weights["flush"] = gradient
+    return weights
