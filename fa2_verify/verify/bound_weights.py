@@ -28,32 +28,21 @@ torch's own sums, so the bounds equal the torch evaluation's to float64's
 resolution (relative 1e-15), not bit for bit.  Partial sums a kernel declares
 (eqs. 2b, 7b to 9b) keep the torch evaluation, which forms the signed ``dS``
 they need.  Scalars travel as a float64 tensor: a compiled kernel would take
-a Python float as float32.  Under ``TRITON_INTERPRET=1`` the same kernels run
+a Python float as float32.  Triton's float64 ``exp`` is accurate (0 relative
+error against torch's on 2^20 arguments in [-700, 700] on an H100).  Under ``TRITON_INTERPRET=1`` the same kernels run
 on the CPU, which is how the tests check them.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-#: Rows and keys of one program's tile.
-BLOCK_ROWS, BLOCK_KEYS = 16, 256
-
-#: The interpreter has no libdevice; compiled, libdevice's ``exp`` is float64's correctly rounded-ish one.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@triton.jit
-def _exp(x):
-    """``e^x`` in float64."""
-    if _INTERPRETED:
-        return tl.exp(x)
-    return libdevice.exp(x)
+#: One program's tile, (rows, keys, warps): 8 elements a thread, each with about ten float64 values alive.
+TILE = (8, 128, 4)
 
 
 @triton.jit
@@ -99,7 +88,7 @@ def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, U
     lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
     row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
     coefficient = tl.load(COEFFICIENT + local, mask=row_ok, other=0.0)
-    p = tl.where(visible, _exp(s - lse[:, None]), 0.0)
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
     p_delta = p * (a + u_a * (row_max[:, None] + tl.abs(s)) + u_f)  # (1)
     tl.store(W + at, p_delta + p * coefficient[:, None], mask=inside)
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), tl.sum(p_delta, 1), mask=row_ok)
@@ -126,7 +115,7 @@ def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_E
     dq_units = tl.load(DQ_UNITS + local, mask=row_ok, other=0.0)
     dv_units = tl.load(DV_UNITS + keys, mask=key_ok, other=0.0)
     dk_units = tl.load(DK_UNITS + keys, mask=key_ok, other=0.0)
-    p = tl.where(visible, _exp(s - lse[:, None]), 0.0)
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
     # (4): E_ij = Delta_ij + u_a |S_ij| + (B^L_i + u_a |LSE_i|)
     error = a + u_a * (row_max[:, None] + 2 * tl.abs(s)) + u_f + row_error[:, None]
     tl.store(A + at, (error + dv_units[None, :]) * p, mask=inside)  # (7)
@@ -141,11 +130,16 @@ def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_E
         tl.store(GRADIENT + at, tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0), mask=inside)
 
 
-def _grid(scores: torch.Tensor) -> tuple[int, int]:
-    return triton.cdiv(scores.shape[:-1].numel(), BLOCK_ROWS), triton.cdiv(scores.shape[-1], BLOCK_KEYS)
+def _launch(scores: torch.Tensor) -> tuple[tuple[int, int], dict[str, int]]:
+    """The grid over ``scores`` (C, G, R, K) seen as (C G R) x K, and the tile's keywords."""
+    rows, keys, warps = TILE
+    grid = triton.cdiv(scores.shape[:-1].numel(), rows), triton.cdiv(scores.shape[-1], keys)
+    return grid, {"BLOCK_R": rows, "BLOCK_K": keys, "num_warps": warps}
 
 
+@functools.lru_cache(maxsize=64)
 def _units(device: torch.device, *values: float) -> torch.Tensor:
+    """``values`` as a float64 tensor on ``device``, made once: copying from the host would wait for the device."""
     return torch.tensor(values, dtype=torch.float64, device=device)
 
 
@@ -164,15 +158,14 @@ def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor,
     shape = (*scores.shape[:-1], 1)
     if n_keys == 0:  # rows that see no key
         return torch.empty_like(scores), scores.new_zeros(shape), scores.new_zeros(shape)
-    grid = _grid(scores)
+    grid, tile = _launch(scores)
     partial = torch.empty(n_rows, grid[1], dtype=torch.float64, device=scores.device)
-    _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start,
-                         BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+    _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start, **tile)
     row_max = partial.amax(1)
     weights = torch.empty_like(scores)
     _forward_weights[grid](scores, magnitudes, weights, first, last, lse.contiguous(), row_max,
                            coefficient.contiguous(), partial, _units(scores.device, u_a, u_f),
-                           rows_per_pair, n_rows, n_keys, key_start, BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+                           rows_per_pair, n_rows, n_keys, key_start, **tile)
     return weights, row_max.view(shape), partial.sum(1).view(shape)
 
 
@@ -193,12 +186,12 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
     flush = rows["flush"]
     lse, row_max, error = (rows[name].contiguous() for name in ("lse", "row_max", "error"))
     if n_keys:
-        _backward_weights[_grid(scores)](
+        grid, tile = _launch(scores)
+        _backward_weights[grid](
             scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
             lse if flush is None else flush.contiguous(), rows["dq_units"].contiguous(),
             keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
-            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush is not None,
-            BLOCK_R=BLOCK_ROWS, BLOCK_K=BLOCK_KEYS)
+            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush is not None, **tile)
     weights = {"dv": magnitudes, "dq": scores, "dk": centered}
     if flush is not None:
         weights["flush"] = gradient

@@ -5,9 +5,9 @@
 
 Per case of the scale set of ``--device`` (``app.cases.scale``; all of them without ``--cases``), forward and
 backward, the golden computed untimed: :func:`verify.error_model.bounds_and_flush_shares` with
-``fused_weights=False`` and ``True``, each synchronised, the shares made where the product makes them
+``fused_weights=False`` and ``True`` (in each of ``--tiles``), each synchronised, the shares made where the product makes them
 (bfloat16), the faster of ``--repeats`` runs after one untimed call each (Triton's compile), and the largest
-relative difference of every bound and every share.  First, Triton's float64 ``exp`` and libdevice's beside
+relative difference of every bound and every share (the last tile's).  First, Triton's float64 ``exp`` and libdevice's beside
 torch's on 2^20 arguments in [-700, 700] (compiled only: the interpreter has no libdevice).  One JSON line each.
 """
 
@@ -24,7 +24,7 @@ from synced import timed
 
 from fa2_verify.app.cases.scale import SCALE_CASES
 from fa2_verify.core.case import make_case
-from fa2_verify.verify import check, error_model, noise_verdicts
+from fa2_verify.verify import bound_weights, check, error_model, noise_verdicts
 
 
 @triton.jit
@@ -54,15 +54,17 @@ def _differences(fused: tuple[dict, dict], reference: tuple[dict, dict]) -> dict
     return differences
 
 
-def probe(spec, device: str, repeats: int) -> dict:
+def probe(spec, device: str, repeats: int, tiles: list[tuple[int, int, int]]) -> dict:
     case = make_case(spec, device)
     golden = check.golden_for(case)
     flush = noise_verdicts.flush_matters(spec.torch_dtype)
+    run = (error_model.bounds_and_flush_shares, case, golden)
     seconds, results = {}, {}
-    for fused in (False, True):
-        run = (error_model.bounds_and_flush_shares, case, golden)
+    for fused, tile in [(False, None), *((True, tile) for tile in tiles)]:
+        if tile:
+            bound_weights.TILE = tile
         results[fused] = timed(device, *run, flush_shares=flush, fused_weights=fused)[0]
-        seconds["fused" if fused else "torch"] = round(min(
+        seconds[str(tile) if fused else "torch"] = round(min(
             timed(device, *run, flush_shares=flush, fused_weights=fused)[1] for _ in range(repeats)), 3)
     differences = _differences(results[True], results[False])
     return {"case": spec.name, "seconds": seconds, "worst relative difference": max(differences.values()),
@@ -74,12 +76,15 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--cases", nargs="*", default=[], help="scale-set case names (default: all)")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--tiles", nargs="*", default=[], help="ROWS,KEYS,WARPS tiles of the fused passes to time "
+                        "(default: verify.bound_weights.TILE)")
     args = parser.parse_args()
+    tiles = [tuple(int(part) for part in tile.split(",")) for tile in args.tiles] or [bound_weights.TILE]
     if os.environ.get("TRITON_INTERPRET", "0") != "1":
         print(json.dumps({"float64 exp, largest relative error": _exp_errors(args.device)}), flush=True)
     for spec in SCALE_CASES[torch.device(args.device).type]:
         if not args.cases or spec.name in args.cases:
-            print(json.dumps(probe(spec, args.device, args.repeats)), flush=True)
+            print(json.dumps(probe(spec, args.device, args.repeats, tiles)), flush=True)
 
 
 if __name__ == "__main__":
