@@ -550,3 +550,26 @@ def test_bounds_with_partial_sums_in_row_blocks_equal_those_in_one_block(monkeyp
     blocked = first_order_bounds(case, result, partials)
     for name, bound in whole.items():
         assert torch.allclose(blocked[name], bound, rtol=1e-12, atol=0), name
+
+
+def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial_sums(monkeypatch):
+    """verify.bound_weights' passes serve FA2's partial sums on a GPU that compiles Triton; declared partial sums
+    (whose terms need the signed dS) keep the torch evaluation, and asking for both is refused."""
+    from fa2_verify.verify import error_model
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: object())
+    assert error_model._fuses_weights(None, cuda, PartialSums())
+    assert not error_model._fuses_weights(None, cpu, PartialSums())
+    assert error_model._fuses_weights(True, cpu, PartialSums())
+    assert not error_model._fuses_weights(False, cuda, PartialSums())
+    for declared in (PartialSums(out_splits=2), PartialSums(dkv_rows=64), PartialSums(dq_keys=32)):
+        assert not error_model._fuses_weights(None, cuda, declared)
+        with pytest.raises(ValueError, match="declared partial sums need torch"):
+            error_model._fuses_weights(True, cuda, declared)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not error_model._fuses_weights(None, cuda, PartialSums())
+    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: None)
+    assert not error_model._fuses_weights(None, cuda, PartialSums())

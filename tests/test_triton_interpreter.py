@@ -45,6 +45,7 @@ def run_check(name: str) -> subprocess.CompletedProcess:
         "bench_check_section_passes_and_fails_a_wrong_mask",
         "reads_and_writes_stay_in_bounds",
         "bounds_check_fails_on_a_read_before_a_tensor",
+        "fused_bound_weights_equal_the_dense_equations",
     ],
 )
 def test_interpreter_check(check: str) -> None:

@@ -208,3 +208,39 @@ def bounds_check_fails_on_a_read_before_a_tensor() -> None:
             assert "4 bytes before" in str(raised), raised
         else:
             raise AssertionError("a read one element before the input passed the bounds check")
+
+
+def fused_bound_weights_equal_the_dense_equations() -> None:
+    """The error model's bounds and flush shares with :mod:`fa2_verify.verify.bound_weights`' Triton passes equal
+    the dense equations (tests/test_error_model.py's oracle) and the torch evaluation, in one block per head and in
+    blocks of 5 rows (masked bands, rows that see no key); a forward-only case equals the torch evaluation."""
+    _kernel()
+    from fa2_verify.verify import error_model
+    from tests.test_error_model import BLOCKED, _blocked_golden, _dense_bounds
+
+    def assert_close(actual: dict, expected: dict, what: str) -> None:
+        assert actual.keys() == expected.keys(), what
+        for name, value in expected.items():
+            assert torch.allclose(actual[name], value, rtol=1e-12, atol=0), f"{what}: {name}"
+
+    whole = error_model.WORK_ELEMENTS["cpu"]
+    forward_only = CaseSpec(batch=2, seqlen_q=21, seqlen_k=33, heads_q=4, heads_kv=2, head_dim=16, dtype="bfloat16",
+                            causal=True, backward=False, seed=15)
+    for spec in (*BLOCKED, forward_only):
+        case = make_case(spec)
+        result = _blocked_golden(case)
+        group = spec.heads_q // spec.heads_kv
+        for work in (whole, 5 * group * spec.seqlen_k):
+            error_model.WORK_ELEMENTS["cpu"] = work
+            for flush in (True, False):
+                fused = error_model.bounds_and_flush_shares(case, result, flush_shares=flush, fused_weights=True)
+                plain = error_model.bounds_and_flush_shares(case, result, flush_shares=flush, fused_weights=False)
+                what = f"{spec}, {work} elements a block, flush shares {flush}"
+                assert_close(fused[0], plain[0], f"bounds against torch, {what}")
+                assert_close(fused[1], plain[1], f"flush shares against torch, {what}")
+                if spec.backward:
+                    assert_close(fused[0], _dense_bounds(case, result), f"bounds against the equations, {what}")
+                if spec.backward and flush:
+                    assert_close(fused[1], _dense_bounds(case, result, flush_only=True),
+                                 f"flush shares against the equations, {what}")
+    error_model.WORK_ELEMENTS["cpu"] = whole

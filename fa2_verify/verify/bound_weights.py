@@ -41,8 +41,9 @@ import torch
 import triton
 import triton.language as tl
 
-#: One program's tile, (rows, keys, warps): 8 elements a thread, each with about ten float64 values alive.
-TILE = (8, 128, 4)
+#: One program's tile, (rows, keys, warps): 8 elements a thread (each with about ten float64 values alive);
+#: on an H100 tiles of 4 x 256 to 32 x 32 on 2 to 8 warps were within 3% of each other (docs/benchmarks.md).
+TILE = (4, 256, 4)
 
 
 @triton.jit
@@ -170,29 +171,29 @@ def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor,
 
 
 def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Tensor, gradient: torch.Tensor,
-             first: torch.Tensor, last: torch.Tensor, key_start: int, rows: dict[str, torch.Tensor | None],
-             keys: dict[str, torch.Tensor], units: tuple[float, float, float, float]) -> dict[str, torch.Tensor]:
-    """The weights of (7), (8), (9) and, when ``rows["flush"]`` is given, (12)'s ``F^dS``, (C, G, R, K) each,
+             first: torch.Tensor, last: torch.Tensor, key_start: int, rows: dict[str, torch.Tensor],
+             keys: dict[str, torch.Tensor], units: tuple[float, float, float, float],
+             flush_row: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """The weights of (7), (8), (9) and, with ``flush_row``, (12)'s ``F^dS``, (C, G, R, K) each,
     written over the four products (``dv``, ``dq``, ``dk``, ``flush``).
 
     ``scores``, ``magnitudes`` as for :func:`forward` (unchanged since); ``centered`` ``dP - D`` and
     ``gradient`` ``gamma_d |dO| |V|^T + B^D_i``, (C, G, R, K) contiguous float64.  ``rows``: ``lse``,
-    ``row_max`` (:func:`forward`'s ``M``), ``error`` (``B^L_i + u_a |LSE_i|``) and ``flush``
-    (``sum_c |dO_ic| F^O_ic``, or None) per (C, G, R), ``dq_units`` (R,), (8)'s
+    ``row_max`` (:func:`forward`'s ``M``) and ``error`` (``B^L_i + u_a |LSE_i|``) per (C, G, R), ``dq_units`` (R,), (8)'s
     ``2u + 2u_a + gamma_{n_i+2}``; ``keys``: ``dv_units``, ``dk_units`` (K,), (7)'s ``u + u_G + gamma_{N_j+G}``
-    and (9)'s ``2u + 2u_a + u_G + gamma_{N_j+G+2}``; ``units``: ``(u_a, u_f, eta + eta_a, eta_a)``.
+    and (9)'s ``2u + 2u_a + u_G + gamma_{N_j+G+2}``; ``units``: ``(u_a, u_f, eta + eta_a, eta_a)``;
+    ``flush_row`` (C, G, R): ``sum_c |dO_ic| F^O_ic`` of (12).
     """
     rows_per_pair, n_keys = scores.shape[-2], scores.shape[-1]
-    flush = rows["flush"]
     lse, row_max, error = (rows[name].contiguous() for name in ("lse", "row_max", "error"))
     if n_keys:
         grid, tile = _launch(scores)
         _backward_weights[grid](
             scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
-            lse if flush is None else flush.contiguous(), rows["dq_units"].contiguous(),
+            lse if flush_row is None else flush_row.contiguous(), rows["dq_units"].contiguous(),
             keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
-            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush is not None, **tile)
+            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush_row is not None, **tile)
     weights = {"dv": magnitudes, "dq": scores, "dk": centered}
-    if flush is not None:
+    if flush_row is not None:
         weights["flush"] = gradient
     return weights

@@ -641,9 +641,8 @@ def bounds_and_flush_shares(
             if fused:
                 weights = bound_weights.backward(
                     logits, magnitudes, centered, gradient, first[rows], last[rows], keys.start,
-                    {"lse": lse_rows, "row_max": row_max[..., 0], "error": row_error, "flush": flush_row,
-                     "dq_units": dq_units},
-                    {"dv_units": dv_units, "dk_units": dk_units}, (u_a, u_f, eta_centered, eta_a))
+                    {"lse": lse_rows, "row_max": row_max[..., 0], "error": row_error, "dq_units": dq_units},
+                    {"dv_units": dv_units, "dk_units": dk_units}, (u_a, u_f, eta_centered, eta_a), flush_row)
                 del logits, magnitudes, centered, gradient
             else:
                 # (4), in place of (1)
