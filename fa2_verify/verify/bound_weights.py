@@ -45,6 +45,9 @@ import triton.language as tl
 #: on an H100 tiles of 4 x 256 to 32 x 32 on 2 to 8 warps were within 3% of each other (docs/benchmarks.md).
 TILE = (4, 256, 4)
 
+#: The kernels' size arguments, not specialized: one compiled variant per tile serves every block of every case.
+_SIZES = ["rows_per_pair", "n_rows", "n_keys", "key_start"]
+
 
 @triton.jit
 def _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
@@ -65,7 +68,7 @@ def _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
     return rows, keys, local, row_ok, inside, visible, at
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_start,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """PARTIAL[r, t] = max(0, max of ``|S_rj|`` over the visible keys of key tile ``t``)."""
@@ -76,7 +79,7 @@ def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_s
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), largest, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, UNITS,
                      rows_per_pair, n_rows, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """W = P Delta + c P (0 on hidden keys), PARTIAL[r, t] = sum of ``P Delta`` over key tile ``t``; UNITS:
@@ -95,7 +98,7 @@ def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, U
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), tl.sum(p_delta, 1), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_ERROR, FLUSH_ROW,
                       DQ_UNITS, DV_UNITS, DK_UNITS, UNITS, rows_per_pair, n_rows, n_keys, key_start,
                       FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
