@@ -22,7 +22,8 @@ so no (seqlen_q x seqlen_k) tensor is formed and the inputs are converted to
 float64 a block at a time.  Only the columns of a block that some of its rows
 do not see are masked (:class:`core.row_blocks.BlockMask`), and each
 equation's sums over keys are one matrix product of their summed weights (docs/error-model.md,
-"The error model at scale").  When one (batch, kv head) pair is smaller than
+"The error model at scale"); on CUDA the elementwise work between those products runs in the Triton passes of
+:mod:`verify.bound_weights`.  When one (batch, kv head) pair is smaller than
 the work budget, a chunk of consecutive pairs (:func:`pairs_per_chunk`) is
 evaluated at once, every per-pair tensor gaining a leading pair dimension, so
 that many short sequences cost a few tensor operations rather than a Python

@@ -7,6 +7,8 @@
 # 2. lab/probes/probe_comparison_phases.py on the same cases, this tree: the comparison's sub-steps
 #    -> $OUT/compare-after.jsonl (FA2_SIX_PROBE=0 skips it).
 # Each side starts from an empty golden cache of its own ($FA2_VERIFY_GOLDEN_CACHE under /tmp), as a first run does.
+# FA2_SIX_SIDES="after" runs one side only; FA2_SIX_WARMUP=1 first compiles verify.bound_weights' kernels (both
+# flush variants, lab/probes/probe_bound_weights.py on two small cases), as any run after a machine's first does.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
@@ -14,7 +16,12 @@ source lab/device/device-common.sh
 export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/gpu-out/triton-cache}"
 before=${1:-.bench-before-32}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
-for side in before after; do
+if [[ "${FA2_SIX_WARMUP:-0}" == 1 ]]; then
+    python3 lab/probes/probe_bound_weights.py --device cuda --cases s4096-causal-bf16 b8300-s1-h16-fp16 --repeats 1 \
+        | tail -n 2 | cut -c1-160
+fi
+read -ra sides <<<"${FA2_SIX_SIDES:-before after}"
+for side in "${sides[@]}"; do
     echo "== $side"
     root=""
     [[ $side == before ]] && root=$before
