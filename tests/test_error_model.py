@@ -568,8 +568,9 @@ def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial
         assert not error_model._fuses_weights(None, cuda, declared)
         with pytest.raises(ValueError, match="declared partial sums need torch"):
             error_model._fuses_weights(True, cuda, declared)
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not error_model._fuses_weights(None, cuda, PartialSums())
+    for interpreted in ("1", "true", "on"):
+        monkeypatch.setenv("TRITON_INTERPRET", interpreted)
+        assert not error_model._fuses_weights(None, cuda, PartialSums())
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: None)
     assert not error_model._fuses_weights(None, cuda, PartialSums())

@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import os
 from typing import Any, Mapping
 
 import torch
@@ -365,8 +364,9 @@ def _fuses_weights(requested: bool | None, device: torch.device, partials: Parti
         return False
     if requested is not None:
         return requested
-    return (device.type == "cuda" and importlib.util.find_spec("triton") is not None
-            and os.environ.get("TRITON_INTERPRET", "0") != "1")
+    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+
+    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and not interpret_requested()
 
 
 def _largest_finite(expected: torch.Tensor) -> float:
