@@ -553,14 +553,18 @@ def test_bounds_with_partial_sums_in_row_blocks_equal_those_in_one_block(monkeyp
 
 
 def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial_sums(monkeypatch):
-    """verify.bound_weights' passes serve FA2's partial sums on a GPU that compiles Triton; declared partial sums
-    (whose terms need the signed dS) keep the torch evaluation, and asking for both is refused."""
+    """verify.bound_weights' passes serve FA2's partial sums on a GPU where Triton builds them; declared partial
+    sums (whose terms need the signed dS) keep the torch evaluation, and asking for both is refused."""
     from fa2_verify.verify import error_model
+
+    from fa2_verify.verify import bound_weights
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(bound_weights, "compiles", lambda device: device == cuda)
     monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: object())
     assert error_model._fuses_weights(None, cuda, PartialSums())
+    assert not error_model._fuses_weights(None, torch.device("cuda", 1), PartialSums())  # Triton fails to build
     assert not error_model._fuses_weights(None, cpu, PartialSums())
     assert error_model._fuses_weights(True, cpu, PartialSums())
     assert not error_model._fuses_weights(False, cuda, PartialSums())
@@ -574,3 +578,16 @@ def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial
     monkeypatch.delenv("TRITON_INTERPRET")
     monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: None)
     assert not error_model._fuses_weights(None, cuda, PartialSums())
+
+
+def test_fused_weights_that_fail_to_build_or_launch_leave_the_torch_evaluation():
+    """bound_weights.compiles is False where its trial block cannot run (here: no CUDA device, or a CPU tensor
+    outside the interpreter), and it asks once per device."""
+    from fa2_verify.verify import bound_weights
+
+    bound_weights.compiles.cache_clear()
+    assert not bound_weights.compiles(torch.device("cpu"))
+    assert bound_weights.compiles.cache_info().misses == 1
+    assert not bound_weights.compiles(torch.device("cpu"))
+    assert bound_weights.compiles.cache_info().hits == 1
+

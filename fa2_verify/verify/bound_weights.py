@@ -200,3 +200,24 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
     if flush_row is not None:
         weights["flush"] = gradient
     return weights
+
+
+@functools.cache
+def compiles(device: torch.device) -> bool:
+    """Whether the three passes build and run on ``device``, tried once on a block of 4 rows and 8 keys: Triton
+    builds each kernel's launcher with the host's C compiler, which a GPU image may lack, and then the bounds
+    keep the torch evaluation (the same bounds, slower) rather than fail every check."""
+    try:
+        scores = torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device)
+        ends = torch.zeros(4, dtype=torch.int64, device=device)
+        rows = torch.zeros(1, 1, 4, dtype=torch.float64, device=device)
+        _, row_max, _ = forward(scores, scores.clone(), ends, ends, 0, rows, rows[0, 0], 0.0, 0.0)
+        backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
+                 {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
+                 {"dv_units": scores[0, 0, 0], "dk_units": scores[0, 0, 0]}, (0.0, 0.0, 0.0, 0.0), rows)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception:  # any failure to build or launch leaves the torch evaluation
+        return False
+    return True
+

@@ -356,8 +356,8 @@ def _key_block_partials(ds: torch.Tensor, k_rows: torch.Tensor, keys: slice, las
 
 def _fuses_weights(requested: bool | None, device: torch.device, partials: PartialSums) -> bool:
     """Whether :func:`bounds_and_flush_shares` takes :mod:`verify.bound_weights`' passes: as ``requested``, by
-    default on CUDA with Triton compiling (not interpreting); never with declared partial sums, whose terms need
-    the signed ``dS`` of the torch evaluation."""
+    default on CUDA where Triton compiles them (not interpreting, :func:`verify.bound_weights.compiles`); never
+    with declared partial sums, whose terms need the signed ``dS`` of the torch evaluation."""
     if partials != PartialSums():
         if requested:
             raise ValueError("the fused weights serve FA2's partial sums only; declared partial sums need torch")
@@ -366,7 +366,11 @@ def _fuses_weights(requested: bool | None, device: torch.device, partials: Parti
         return requested
     from fa2_verify.kernels.triton_fa2.environment import interpret_requested
 
-    return device.type == "cuda" and importlib.util.find_spec("triton") is not None and not interpret_requested()
+    if device.type != "cuda" or importlib.util.find_spec("triton") is None or interpret_requested():
+        return False
+    from fa2_verify.verify import bound_weights
+
+    return bound_weights.compiles(device)
 
 
 def _largest_finite(expected: torch.Tensor) -> float:
