@@ -213,9 +213,12 @@ def bounds_check_fails_on_a_read_before_a_tensor() -> None:
 def fused_bound_weights_equal_the_dense_equations() -> None:
     """The error model's bounds and flush shares with :mod:`fa2_verify.verify.bound_weights`' Triton passes equal
     the dense equations (tests/test_error_model.py's oracle) and the torch evaluation, in one block per head and in
-    blocks of 5 rows (masked bands, rows that see no key); a forward-only case equals the torch evaluation."""
+    blocks of 5 rows (masked bands, rows that see no key); a forward-only case equals the torch evaluation.  The
+    trial block of ``bound_weights.compiles`` runs (else a GPU would silently keep the torch evaluation)."""
     _kernel()
-    from fa2_verify.verify import error_model
+    from fa2_verify.verify import bound_weights, error_model
+
+    assert bound_weights.compiles(torch.device("cpu")), "the trial block of bound_weights.compiles failed"
     from tests.test_error_model import BLOCKED, _blocked_golden, _dense_bounds
 
     def assert_close(actual: dict, expected: dict, what: str) -> None:
