@@ -69,6 +69,19 @@ def _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
     return rows, keys, local, row_ok, inside, visible, at
 
 
+@triton.jit
+def _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at):
+    """A tile's scores ``S``, ``P = exp(S - LSE)`` on its visible keys (else 0) and (1)'s ``Delta``; UNITS starts
+    with ``(u_a, u_f)``."""
+    u_a, u_f = tl.load(UNITS), tl.load(UNITS + 1)
+    s = tl.load(S + at, mask=inside, other=0.0)
+    a = tl.load(A + at, mask=inside, other=0.0)
+    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
+    row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
+    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
+    return s, p, a + u_a * (row_max[:, None] + tl.abs(s)) + u_f  # (1)
+
+
 @triton.jit(do_not_specialize=_SIZES)
 def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_start,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -85,16 +98,11 @@ def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, U
                      rows_per_pair, n_rows, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """W = P Delta + c P (0 on hidden keys), PARTIAL[r, t] = sum of ``P Delta`` over key tile ``t``; UNITS:
     ``(u_a, u_f)``."""
-    u_a, u_f = tl.load(UNITS), tl.load(UNITS + 1)
     rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
                                                            BLOCK_R, BLOCK_K)
-    s = tl.load(S + at, mask=inside, other=0.0)
-    a = tl.load(A + at, mask=inside, other=0.0)
-    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
-    row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
+    _, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     coefficient = tl.load(COEFFICIENT + local, mask=row_ok, other=0.0)
-    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
-    p_delta = p * (a + u_a * (row_max[:, None] + tl.abs(s)) + u_f)  # (1)
+    p_delta = p * delta
     tl.store(W + at, p_delta + p * coefficient[:, None], mask=inside)
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), tl.sum(p_delta, 1), mask=row_ok)
 
@@ -105,24 +113,19 @@ def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_E
                       FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """In place: S <- the weights of (8), A <- those of (7), CENTERED (``dP - D``) <- those of (9), and with
     FLUSH, GRADIENT (``gamma_d |dO||V|^T + B^D``) <- (12)'s ``F^dS``; UNITS: ``(u_a, u_f, eta + eta_a, eta_a)``."""
-    u_a, u_f = tl.load(UNITS), tl.load(UNITS + 1)
-    eta_centered, eta_a = tl.load(UNITS + 2), tl.load(UNITS + 3)
+    u_a, eta_centered, eta_a = tl.load(UNITS), tl.load(UNITS + 2), tl.load(UNITS + 3)
     rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
                                                            BLOCK_R, BLOCK_K)
+    s, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     key_ok = keys < n_keys
-    s = tl.load(S + at, mask=inside, other=0.0)
-    a = tl.load(A + at, mask=inside, other=0.0)
     centered = tl.abs(tl.load(CENTERED + at, mask=inside, other=0.0))
     gradient = tl.load(GRADIENT + at, mask=inside, other=0.0)
-    lse = tl.load(LSE + rows, mask=row_ok, other=0.0)
-    row_max = tl.load(ROW_MAX + rows, mask=row_ok, other=0.0)
     row_error = tl.load(ROW_ERROR + rows, mask=row_ok, other=0.0)
     dq_units = tl.load(DQ_UNITS + local, mask=row_ok, other=0.0)
     dv_units = tl.load(DV_UNITS + keys, mask=key_ok, other=0.0)
     dk_units = tl.load(DK_UNITS + keys, mask=key_ok, other=0.0)
-    p = tl.where(visible, tl.exp(s - lse[:, None]), 0.0)
     # (4): E_ij = Delta_ij + u_a |S_ij| + (B^L_i + u_a |LSE_i|)
-    error = a + u_a * (row_max[:, None] + 2 * tl.abs(s)) + u_f + row_error[:, None]
+    error = delta + u_a * tl.abs(s) + row_error[:, None]
     tl.store(A + at, (error + dv_units[None, :]) * p, mask=inside)  # (7)
     # (6) but for its (2u + 2u_a) |dS_ij| and its constant eta terms
     b_ds = tl.where(visible, (gradient + error * centered) * p + eta_centered * centered, 0.0)
