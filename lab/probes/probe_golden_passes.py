@@ -32,6 +32,7 @@ float64 passes (synchronised, the faster of two) and prints the differences and 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -237,7 +238,7 @@ def _ranged_blocks(problem):
 def _forward(q, k, v, block, scale):
     magnitude = abs(scale)
     if magnitude == 0.0 or not _one_slice_exact(k.mT if scale >= 0 else -k.mT, q.shape[-1]):
-        return _ORIGINAL["_forward"](q, k, v, block, scale)
+        return _torch("_forward", q, k, v, block, scale)
     hi, lo = eft.dd_matmul(q, (k if scale >= 0 else -k).mT)
     rows_per_pair, n_keys = hi.shape[-2], hi.shape[-1]
     grid, options = _grid(hi)
@@ -265,7 +266,7 @@ def _forward(q, k, v, block, scale):
     peak = torch.maximum(tile_max.amax(1).view(shape), at_value) / denominator
     sigma = _sigma(peak, MIN_SLICE_BITS)
     if sigma is None or not _one_slice_exact(v, n_keys):
-        return _ORIGINAL["_forward_from_e"](e, denominator, v, pivot, empty, row_max, excess, magnitude)
+        return _torch("_forward_from_e", e, denominator, v, pivot, empty, row_max, excess, magnitude)
     leading, rest = torch.empty_like(e), torch.empty_like(e)
     column_max = torch.empty(grid[0], n_keys, dtype=torch.float64, device=e.device)
     _probabilities[grid](e, denominator.contiguous(), sigma.contiguous(), leading, rest, column_max, rows_per_pair,
@@ -277,6 +278,7 @@ def _forward(q, k, v, block, scale):
     result = fast._Forward(out_hi + out_lo, p, pivot, empty, torch.where(empty, -torch.inf, lse_hi),
                            torch.where(empty, 0.0, max_lo + sum_lo))
     _COLUMN_MAX[id(p)] = _column_max(column_max, p)
+    TAKEN["fused forward"] += 1
     return result
 
 
@@ -290,6 +292,16 @@ def _forward_from_e(e, denominator, v, pivot, empty, row_max, excess, magnitude)
                          torch.where(empty, 0.0, max_lo + sum_lo))
 
 
+#: Blocks that took the passes and blocks that kept (part of) the torch code, by step.
+TAKEN: collections.Counter = collections.Counter()
+
+
+def _torch(step: str, *arguments):
+    """The torch code of ``step`` for a block the passes do not serve, counted."""
+    TAKEN[f"torch {step}"] += 1
+    return _ORIGINAL[step](*arguments)
+
+
 #: P's per-key maxima by row tile, from (C), for the backward's ``P^T dO`` (keyed by the tensor's id).
 _COLUMN_MAX: dict[int, torch.Tensor] = {}
 
@@ -297,7 +309,7 @@ _COLUMN_MAX: dict[int, torch.Tensor] = {}
 def _backward(dout, q, k, v, head, scale):
     column_p = _COLUMN_MAX.pop(id(head.p), None)
     if column_p is None or not _one_slice_exact(v.mT, dout.shape[-1]):
-        return _ORIGINAL["_backward"](dout, q, k, v, head, scale)
+        return _torch("_backward", dout, q, k, v, head, scale)
     dp_hi, dp_lo = eft.dd_matmul(dout, v.mT)
     at = head.pivot[..., None]
     anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(-1, at).squeeze(-1))
@@ -319,8 +331,9 @@ def _backward(dout, q, k, v, head, scale):
                 _split_product(ds, _column_max(column_ds, ds), q, True),
                 _split_product(head.p, column_p, dout, True))
     if any(product is None for product in products):
-        return _ORIGINAL["_backward"](dout, q, k, v, head, scale)
+        return _torch("_backward", dout, q, k, v, head, scale)
     dq_pair, dk_pair, dv_pair = products
+    TAKEN["fused backward"] += 1
     return fast._Backward(fast._times(dq_pair, scale), dk_pair, dv_pair, delta_hi + (delta_lo + anchor_lo), offset)
 
 
@@ -332,6 +345,7 @@ _ORIGINAL = {"blocks": fast.blocks, "_forward": fast._forward, "_backward": fast
 def fused_passes():
     """:func:`golden.fast.attention` with this probe's passes, for the duration."""
     fast.blocks, fast._forward, fast._backward = _ranged_blocks, _forward, _backward
+    TAKEN.clear()
     try:
         yield
     finally:
@@ -384,7 +398,7 @@ def _check(device: str) -> int:
                 fused = fast.attention(problem)
             differences = _differences(fused, plain)
             worst = max(worst, *differences.values())
-            print(json.dumps({"shape": fields["shape"], "block elements": block_elements,
+            print(json.dumps({"shape": fields["shape"], "block elements": block_elements, "blocks": dict(TAKEN),
                               "relative differences": differences,
                               "certified": _certified(problem, fused)}), flush=True)
     print(f"worst relative difference: {worst:.3g}")
@@ -404,7 +418,7 @@ def _time(device: str, shapes: list[str], dtype: torch.dtype) -> None:
         with fused_passes():
             fused = fast.attention(problem)
             seconds["fused"] = min(timed(device, fast.attention, problem)[1] for _ in range(2))
-        print(json.dumps({"shape": shape, "dtype": str(dtype), "float64 pass s": seconds,
+        print(json.dumps({"shape": shape, "dtype": str(dtype), "float64 pass s": seconds, "blocks": dict(TAKEN),
                           "relative differences": _differences(fused, plain),
                           "certified": _certified(problem, fused)}), flush=True)
         del problem, plain, fused
