@@ -36,6 +36,7 @@ tests check them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -145,6 +146,12 @@ def _launch(scores: torch.Tensor) -> tuple[tuple[int, int], dict[str, int]]:
     return grid, {"BLOCK_R": rows, "BLOCK_K": keys, "num_warps": warps}
 
 
+def _on_device_of(tensor: torch.Tensor):
+    """Triton launches on the current CUDA device: make it ``tensor``'s for the launches (the bounds of a case on
+    ``cuda:1`` in a process whose current device is ``cuda:0``)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 @functools.lru_cache(maxsize=64)
 def _units(device: torch.device, *values: float) -> torch.Tensor:
     """``values`` as a float64 tensor on ``device``, made once: copying from the host would wait for the device."""
@@ -168,12 +175,13 @@ def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor,
         return torch.empty_like(scores), scores.new_zeros(shape), scores.new_zeros(shape)
     grid, tile = _launch(scores)
     partial = torch.empty(n_rows, grid[1], dtype=torch.float64, device=scores.device)
-    _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start, **tile)
-    row_max = partial.amax(1)
     weights = torch.empty_like(scores)
-    _forward_weights[grid](scores, magnitudes, weights, first, last, lse.contiguous(), row_max,
-                           coefficient.contiguous(), partial, _units(scores.device, u_a, u_f),
-                           rows_per_pair, n_rows, n_keys, key_start, **tile)
+    with _on_device_of(scores):
+        _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start, **tile)
+        row_max = partial.amax(1)
+        _forward_weights[grid](scores, magnitudes, weights, first, last, lse.contiguous(), row_max,
+                               coefficient.contiguous(), partial, _units(scores.device, u_a, u_f),
+                               rows_per_pair, n_rows, n_keys, key_start, **tile)
     return weights, row_max.view(shape), partial.sum(1).view(shape)
 
 
@@ -186,20 +194,21 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
 
     ``scores``, ``magnitudes`` as for :func:`forward` (unchanged since); ``centered`` ``dP - D`` and
     ``gradient`` ``gamma_d |dO| |V|^T + B^D_i``, (C, G, R, K) contiguous float64.  ``rows``: ``lse``,
-    ``row_max`` (:func:`forward`'s ``M``) and ``error`` (``B^L_i + u_a |LSE_i|``) per (C, G, R), ``dq_units`` (R,), (8)'s
-    ``2u + 2u_a + gamma_{n_i+2}``; ``keys``: ``dv_units``, ``dk_units`` (K,), (7)'s ``u + u_G + gamma_{N_j+G}``
-    and (9)'s ``2u + 2u_a + u_G + gamma_{N_j+G+2}``; ``units``: ``(u_a, u_f, eta + eta_a, eta_a)``;
-    ``flush_row`` (C, G, R): ``sum_c |dO_ic| F^O_ic`` of (12).
+    ``row_max`` (:func:`forward`'s ``M``) and ``error`` (``B^L_i + u_a |LSE_i|``) per (C, G, R), and
+    ``dq_units`` (R,), (8)'s ``2u + 2u_a + gamma_{n_i+2}``; ``keys``: ``dv_units``, ``dk_units`` (K,), (7)'s
+    ``u + u_G + gamma_{N_j+G}`` and (9)'s ``2u + 2u_a + u_G + gamma_{N_j+G+2}``; ``units``:
+    ``(u_a, u_f, eta + eta_a, eta_a)``; ``flush_row`` (C, G, R): ``sum_c |dO_ic| F^O_ic`` of (12).
     """
     rows_per_pair, n_keys = scores.shape[-2], scores.shape[-1]
     lse, row_max, error = (rows[name].contiguous() for name in ("lse", "row_max", "error"))
     if n_keys:
         grid, tile = _launch(scores)
-        _backward_weights[grid](
-            scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
-            lse if flush_row is None else flush_row.contiguous(), rows["dq_units"].contiguous(),
-            keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
-            rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush_row is not None, **tile)
+        with _on_device_of(scores):
+            _backward_weights[grid](
+                scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
+                lse if flush_row is None else flush_row.contiguous(), rows["dq_units"].contiguous(),
+                keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
+                rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush_row is not None, **tile)
     weights = {"dv": magnitudes, "dq": scores, "dk": centered}
     if flush_row is not None:
         weights["flush"] = gradient
