@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 #: One program's tile, (rows, keys, warps): 8 elements a thread (each with about ten float64 values alive);
-#: on an H100 tiles of 4 x 256 to 32 x 32 on 2 to 8 warps were within 3% of each other (docs/benchmarks.md).
+#: on an H100 it was the fastest of six tiles (4 x 256 to 32 x 32, 2 to 8 warps) on each of the six long scale
+#: cases, the others up to 7% slower but one (docs/benchmarks.md).
 TILE = (4, 256, 4)
 
 #: The kernels' size arguments, not specialized: one compiled variant per tile serves every block of every case.
