@@ -635,15 +635,18 @@ def bounds_and_flush_shares(
                 d_rows = (dout_rows * out_pairs[b, rows, g].transpose(1, 2)).sum(-1)
             else:
                 d_rows = delta_pairs[b, g][..., rows]
-            # dP - D, D subtracted in the product's epilogue; (6)'s gamma_d sum_c |dO_ic| |V_jc| + B^D_i likewise
-            centered = _scores(dout_rows, v_rows, -d_rows[..., None])
-            gradient = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None])
             # the units of (8)'s, (7)'s and (9)'s |dS_ij| and P_ij terms; (12)'s sum_c |dO_ic| F^O_ic
             dq_units = 2 * u + 2 * u_a + gamma_dq[rows]
             dv_units = u + u_group + gamma_dv[keys]
             dk_units = 2 * u + 2 * u_a + u_group + gamma_dk[keys]
             flush_row = (dout_abs * f_out).sum(-1) if flush_shares else None
+            # the weights of (7), (12), (8) and (9), each used by its products below; torch frees |S| before it forms
+            # dP - D, and forms each weight only once the one before is used, so that no more (rows x keys)
+            # matrices live at once than it needs
             if fused:
+                # dP - D and (6)'s gamma_d sum_c |dO_ic| |V_jc| + B^D_i, D_i and B^D_i added in the products' epilogues
+                centered = _scores(dout_rows, v_rows, -d_rows[..., None])
+                gradient = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None])
                 weights = bound_weights.backward(
                     logits, magnitudes, centered, gradient, first[rows], last[rows], keys.start,
                     {"lse": lse_rows, "row_max": row_max[..., 0], "error": row_error, "dq_units": dq_units},
@@ -653,23 +656,12 @@ def bounds_and_flush_shares(
                 # (4), in place of (1)
                 p_error = delta_logit.add_(logits_abs, alpha=u_a).add_(row_error[..., None])
                 del delta_logit, logits_abs
+                # dP - D, D subtracted in the product's epilogue
+                centered = _scores(dout_rows, v_rows, -d_rows[..., None])
                 ds = p * centered if signed_ds else None
                 centered.abs_()
                 # (7): both sums of P_ij |dO_ic|, with (E_ij + u) and with (gamma_{N_j+G} + u_G), in one product
                 weights = {"dv": (p_error + dv_units).mul_(p)}
-                if flush_shares:
-                    # (12), from |dP - D| before it becomes |dS|
-                    assert flush_row is not None
-                    weights["flush"] = mask.mask_(torch.mul(p, flush_row[..., None]).add_(centered, alpha=eta_a))
-                # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij|
-                b_ds = mask.mask_(gradient.addcmul_(p_error, centered).mul_(p).add_(centered, alpha=eta_centered))
-                del p_error, gradient
-                ds_abs = centered.mul_(p)
-                # (8): B^dS_ij and gamma_{n_i+2} |dS_ij| in one product; (9): B^dS_ij and (gamma_{N_j+G+2} + u_G)
-                # |dS_ij| in one product, in place of dS's bound
-                weights["dq"] = torch.addcmul(b_ds, ds_abs, dq_units[..., None])
-                weights["dk"] = b_ds.addcmul_(ds_abs, dk_units)
-                del b_ds, ds_abs, centered
             seeing_dout = mask.row_sums(dout_abs.sum(1), keys.stop - keys.start)
             dv_error[b, keys, g] += _keys_times(weights.pop("dv"), dout_abs) + (eta + eta_a) * seeing_dout
             seeing_q = mask.row_sums(q_abs.sum(1), keys.stop - keys.start)
@@ -677,14 +669,27 @@ def bounds_and_flush_shares(
             # (8)'s flushes of the accumulation, in the bound and in its flush share (12)
             dq_flushes = 3 * ((n + 2) * (n > 0))[..., None] * max(1.0, scale) * eta_a
             if flush_shares:
-                assert flush_dq_pairs is not None
-                f_ds = weights.pop("flush")
+                assert flush_dq_pairs is not None and flush_row is not None
+                # (12), from |dP - D| before it becomes |dS|
+                f_ds = (weights.pop("flush") if fused
+                        else mask.mask_(torch.mul(p, flush_row[..., None]).add_(centered, alpha=eta_a)))
                 flush_dq_pairs[b, rows, g] = (
                     scale * (_rows_times(f_ds, k_abs) + eta_a_ds * visible_k) + dq_flushes
                 ).transpose(1, 2)
                 flush_dk[b, keys, g] += _keys_times(f_ds, q_abs) + eta_a_ds * seeing_q
                 flush_dv[b, keys, g] += eta_a * seeing_dout
                 del f_ds
+            if not fused:
+                # (6) but for its (2u + 2u_a) |dS_ij| and eta + eta_a (2d + 2), added with (8)'s and (9)'s |dS_ij|
+                b_ds = _scores(gamma_head * dout_abs, v_abs, b_delta[..., None]).addcmul_(p_error, centered).mul_(p)
+                b_ds = mask.mask_(b_ds.add_(centered, alpha=eta_centered))
+                del p_error
+                ds_abs = centered.mul_(p)
+                # (8): B^dS_ij and gamma_{n_i+2} |dS_ij| in one product; (9): B^dS_ij and (gamma_{N_j+G+2} + u_G)
+                # |dS_ij| in one product, in place of dS's bound
+                weights["dq"] = torch.addcmul(b_ds, ds_abs, dq_units[..., None])
+                weights["dk"] = b_ds.addcmul_(ds_abs, dk_units)
+                del b_ds, ds_abs, centered
             b_dq = (
                 scale * (_rows_times(weights.pop("dq"), k_abs) + eta_ds * visible_k)
                 + u * dq_pairs[b, rows, g].transpose(1, 2).abs()
