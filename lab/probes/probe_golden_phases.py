@@ -13,12 +13,19 @@ cache's costs for the shape's entry (:mod:`golden.cache`: the key, which
 hashes the inputs on the host, a store and a load, in a temporary
 directory) and the entry's megabytes.  ``--block-overhead N ...`` times
 the float64 pass again with each ``core.row_blocks.OVERHEAD_ELEMENTS`` of
-the device (its block planner's tuning).  Prints one JSON line per shape.
+the device (its block planner's tuning).  ``--cases NAME ...`` takes named
+cases of the scale set of ``--device`` (``app.cases.scale``, their own
+inputs) instead of shapes, and splits the certification into its steps
+(the finiteness check, the double-double query and key rows, the check
+against mpmath; ``--profile`` then prints the certification's CUDA
+operators).  Prints one JSON line per shape or case.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import json
 import pathlib
 import tempfile
@@ -27,8 +34,13 @@ import torch
 from synced import timed
 
 from fa2_verify import golden
+from fa2_verify.app.cases.scale import SCALE_CASES
 from fa2_verify.core import row_blocks
+from fa2_verify.core.case import make_case
 from fa2_verify.golden import api, cache, certify, fast, inputs
+
+#: The certification's steps timed by ``--cases`` (functions of :mod:`golden.certify`).
+CERTIFY_STEPS = ("_require_finite", "_query_batch", "_key_batch", "_check_reference")
 
 
 def _parse(shape: str) -> dict:
@@ -55,6 +67,57 @@ def _cache_seconds(device: str, problem, served, bounds, options) -> dict[str, f
     return seconds
 
 
+@contextlib.contextmanager
+def _steps_timed(device: str, seconds: collections.Counter):
+    """Charge each call of :data:`CERTIFY_STEPS` (synchronised) to ``seconds[step]``, for the duration."""
+    originals = {name: getattr(certify, name) for name in CERTIFY_STEPS}
+
+    def wrapper(name, function):
+        def call(*args, **kwargs):
+            result, spent = timed(device, function, *args, **kwargs)
+            seconds[f"certify {name.strip('_')}"] += spent
+            return result
+        return call
+
+    for name, function in originals.items():
+        setattr(certify, name, wrapper(name, function))
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(certify, name, function)
+
+
+def _case_phases(device: str, name: str, profile: bool) -> None:
+    """The golden's phases on scale case ``name`` of ``device``, the certification split into its steps."""
+    spec = next(spec for spec in SCALE_CASES[torch.device(device).type] if spec.name == name)
+    case = make_case(spec, device)
+    timings: dict[str, float] = {}
+    problem, timings["prepare"] = timed(
+        device, inputs.prepare, case.q, case.k, case.v, case.dout if spec.backward else None,
+        softmax_scale=spec.scale, causal=spec.causal, window_size=spec.window_size, alignment=spec.causal_alignment,
+    )
+    options = golden.GoldenOptions(method="fast")
+    seed, timings["fingerprint"] = timed(device, inputs.fingerprint, problem)
+    if cache.fits(api._shapes(problem), problem.device.type):
+        _, timings["cache key"] = timed(device, api._key, problem, options, "fast")
+    served, timings["float64 pass"] = timed(device, fast.attention, problem)
+    steps: collections.Counter = collections.Counter()
+    with _steps_timed(device, steps):
+        bounds, timings["certification"] = timed(device, certify.certify, problem, served,
+                                                 rows=options.certify_rows, precision_bits=113, seed=seed)
+    timings.update(steps)
+    timings["certify sampling and rest"] = timings["certification"] - sum(steps.values())
+    print(json.dumps({"case": name, "seconds": {n: round(t, 3) for n, t in timings.items()},
+                      "certified_bound": bounds}), flush=True)
+    if profile and device == "cuda":
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            certify.certify(problem, served, rows=options.certify_rows, precision_bits=113, seed=seed)
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60),
+              flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
@@ -63,7 +126,12 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--cache", action="store_true")
     parser.add_argument("--block-overhead", nargs="*", type=int, default=[])
+    parser.add_argument("--cases", nargs="*", default=[])
     args = parser.parse_args()
+    for name in args.cases:
+        _case_phases(args.device, name, args.profile)
+    if args.cases:
+        return
     for shape in args.shapes:
         spec = _parse(shape)
         generator = torch.Generator().manual_seed(0)
