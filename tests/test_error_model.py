@@ -555,14 +555,13 @@ def test_bounds_with_partial_sums_in_row_blocks_equal_those_in_one_block(monkeyp
 def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial_sums(monkeypatch):
     """verify.bound_weights' passes serve FA2's partial sums on a GPU where Triton builds them; declared partial
     sums (whose terms need the signed dS) keep the torch evaluation, and asking for both is refused."""
-    from fa2_verify.verify import error_model
-
-    from fa2_verify.verify import bound_weights
+    from fa2_verify.core import triton_passes
+    from fa2_verify.verify import bound_weights, error_model
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(bound_weights, "compiles", lambda device: device == cuda)
-    monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(triton_passes.importlib.util, "find_spec", lambda name: object())
     assert error_model._fuses_weights(None, cuda, PartialSums())
     assert not error_model._fuses_weights(None, torch.device("cuda", 1), PartialSums())  # Triton fails to build
     assert not error_model._fuses_weights(None, cpu, PartialSums())
@@ -576,7 +575,7 @@ def test_fused_weights_are_taken_on_cuda_with_triton_only_and_never_with_partial
         monkeypatch.setenv("TRITON_INTERPRET", interpreted)
         assert not error_model._fuses_weights(None, cuda, PartialSums())
     monkeypatch.delenv("TRITON_INTERPRET")
-    monkeypatch.setattr(error_model.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(triton_passes.importlib.util, "find_spec", lambda name: None)
     assert not error_model._fuses_weights(None, cuda, PartialSums())
 
 

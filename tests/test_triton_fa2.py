@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from fa2_verify.core import triton_passes
 from fa2_verify.core.contract import Capabilities
 from fa2_verify.kernels.triton_fa2 import KERNEL, configs, environment, validation
 from fa2_verify.kernels.triton_fa2.environment import CPU_DTYPES, CUDA_DTYPES, Environment
@@ -42,7 +43,7 @@ def test_capabilities_follow_environment(env, dtypes, reason) -> None:
 @pytest.mark.parametrize("value, on", [("1", True), ("true", True), ("ON", True), ("0", False), ("", False)])
 def test_interpret_mode_is_read_like_triton(monkeypatch, value, on) -> None:
     monkeypatch.setenv("TRITON_INTERPRET", value)
-    assert environment.interpret_requested() is on
+    assert triton_passes.interpret_requested() is on
 
 
 def test_package_import_does_not_import_triton() -> None:

@@ -16,7 +16,7 @@ import torch
 from fa2_verify.cli.main import main
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.kernels.triton_fa2 import plans
-from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+from fa2_verify.core.triton_passes import interpret_requested
 
 needs_compiler = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None or interpret_requested(),

@@ -27,8 +27,8 @@ The two row reductions of :func:`forward` go through one partial value per
 torch's own sums, so the bounds equal the torch evaluation's to float64's
 resolution (relative 1e-15), not bit for bit.  Partial sums a kernel declares
 (eqs. 2b, 7b to 9b) keep the torch evaluation, which forms the signed ``dS``
-they need.  Scalars travel as a float64 tensor: a compiled kernel would take
-a Python float as float32.  Triton's float64 ``exp`` agrees with torch's (no
+they need.  Where the passes run, and how they take scalars, follows
+:mod:`core.triton_passes`.  Triton's float64 ``exp`` agrees with torch's (no
 difference on 2^20 arguments in [-700, 700] on an H100).  Under
 ``TRITON_INTERPRET=1`` the same kernels run on the CPU, which is how the
 tests check them.
@@ -36,39 +36,17 @@ tests check them.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
 import triton
 import triton.language as tl
 
-#: One program's tile, (rows, keys, warps): 8 elements a thread (each with about ten float64 values alive);
-#: on an H100 it was the fastest of six tiles (4 x 256 to 32 x 32, 2 to 8 warps) on each of the six long scale
-#: cases, the others up to 7% slower but one (docs/benchmarks.md).
-TILE = (4, 256, 4)
+from fa2_verify.core import triton_passes, triton_tiles
+from fa2_verify.core.triton_tiles import pair_tile
 
 #: The kernels' size arguments, not specialized: one compiled variant per tile serves every block of every case.
-_SIZES = ["rows_per_pair", "n_rows", "n_keys", "key_start"]
-
-
-@triton.jit
-def _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
-          BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One program's tile of a (C, G, R, K) block seen as (C G R) x K: its rows, its keys (local), their
-    offsets, which of them exist (``inside``) and which keys each row sees (``visible``); row ``r`` is the
-    block's local row ``r % R``, which sees keys ``FIRST[r % R]..LAST[r % R]`` (absolute)."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    row_ok = rows < n_rows
-    local = rows % rows_per_pair
-    first = tl.load(FIRST + local, mask=row_ok, other=1)
-    last = tl.load(LAST + local, mask=row_ok, other=0)
-    index = key_start + keys
-    inside = row_ok[:, None] & (keys < n_keys)[None, :]
-    visible = inside & (index[None, :] >= first[:, None]) & (index[None, :] <= last[:, None])
-    at = rows[:, None].to(tl.int64) * n_keys + keys[None, :]
-    return rows, keys, local, row_ok, inside, visible, at
+_SIZES = ["rows_per_pair", "n_keys", "key_start"]
 
 
 @triton.jit
@@ -85,11 +63,11 @@ def _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at):
 
 
 @triton.jit(do_not_specialize=_SIZES)
-def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_start,
+def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_keys, key_start,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """PARTIAL[r, t] = max(0, max of ``|S_rj|`` over the visible keys of key tile ``t``)."""
-    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
-                                                           BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
+                                                               BLOCK_R, BLOCK_K)
     s = tl.load(S + at, mask=inside, other=0.0)
     largest = tl.max(tl.where(visible, tl.abs(s), 0.0), 1)
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), largest, mask=row_ok)
@@ -97,11 +75,11 @@ def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_rows, n_keys, key_s
 
 @triton.jit(do_not_specialize=_SIZES)
 def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, UNITS,
-                     rows_per_pair, n_rows, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+                     rows_per_pair, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """W = P Delta + c P (0 on hidden keys), PARTIAL[r, t] = sum of ``P Delta`` over key tile ``t``; UNITS:
     ``(u_a, u_f)``."""
-    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
-                                                           BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
+                                                               BLOCK_R, BLOCK_K)
     _, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     coefficient = tl.load(COEFFICIENT + local, mask=row_ok, other=0.0)
     p_delta = p * delta
@@ -111,13 +89,13 @@ def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, U
 
 @triton.jit(do_not_specialize=_SIZES)
 def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_ERROR, FLUSH_ROW,
-                      DQ_UNITS, DV_UNITS, DK_UNITS, UNITS, rows_per_pair, n_rows, n_keys, key_start,
+                      DQ_UNITS, DV_UNITS, DK_UNITS, UNITS, rows_per_pair, n_keys, key_start,
                       FLUSH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """In place: S <- the weights of (8), A <- those of (7), CENTERED (``dP - D``) <- those of (9), and with
     FLUSH, GRADIENT (``gamma_d |dO||V|^T + B^D``) <- (12)'s ``F^dS``; UNITS: ``(u_a, u_f, eta + eta_a, eta_a)``."""
     u_a, eta_centered, eta_a = tl.load(UNITS), tl.load(UNITS + 2), tl.load(UNITS + 3)
-    rows, keys, local, row_ok, inside, visible, at = _tile(FIRST, LAST, rows_per_pair, n_rows, n_keys, key_start,
-                                                           BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
+                                                               BLOCK_R, BLOCK_K)
     s, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     key_ok = keys < n_keys
     centered = tl.abs(tl.load(CENTERED + at, mask=inside, other=0.0))
@@ -140,25 +118,6 @@ def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_E
         tl.store(GRADIENT + at, tl.where(visible, p * flush_row[:, None] + eta_a * centered, 0.0), mask=inside)
 
 
-def _launch(scores: torch.Tensor) -> tuple[tuple[int, int], dict[str, int]]:
-    """The grid over ``scores`` (C, G, R, K) seen as (C G R) x K, and the tile's keywords."""
-    rows, keys, warps = TILE
-    grid = triton.cdiv(scores.shape[:-1].numel(), rows), triton.cdiv(scores.shape[-1], keys)
-    return grid, {"BLOCK_R": rows, "BLOCK_K": keys, "num_warps": warps}
-
-
-def _on_device_of(tensor: torch.Tensor):
-    """Triton launches on the current CUDA device: make it ``tensor``'s for the launches (the bounds of a case on
-    ``cuda:1`` in a process whose current device is ``cuda:0``)."""
-    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
-
-
-@functools.lru_cache(maxsize=64)
-def _units(device: torch.device, *values: float) -> torch.Tensor:
-    """``values`` as a float64 tensor on ``device``, made once: copying from the host would wait for the device."""
-    return torch.tensor(values, dtype=torch.float64, device=device)
-
-
 def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor, last: torch.Tensor,
             key_start: int, lse: torch.Tensor, coefficient: torch.Tensor, u_a: float,
             u_f: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -174,15 +133,15 @@ def forward(scores: torch.Tensor, magnitudes: torch.Tensor, first: torch.Tensor,
     shape = (*scores.shape[:-1], 1)
     if n_keys == 0:  # rows that see no key
         return torch.empty_like(scores), scores.new_zeros(shape), scores.new_zeros(shape)
-    grid, tile = _launch(scores)
+    grid, tile = triton_tiles.grid(scores.shape)
     partial = torch.empty(n_rows, grid[1], dtype=torch.float64, device=scores.device)
     weights = torch.empty_like(scores)
-    with _on_device_of(scores):
-        _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_rows, n_keys, key_start, **tile)
+    with triton_passes.on_device_of(scores):
+        _row_max_tiles[grid](scores, first, last, partial, rows_per_pair, n_keys, key_start, **tile)
         row_max = partial.amax(1)
+        units = triton_passes.float64_scalars(scores.device, u_a, u_f)
         _forward_weights[grid](scores, magnitudes, weights, first, last, lse.contiguous(), row_max,
-                               coefficient.contiguous(), partial, _units(scores.device, u_a, u_f),
-                               rows_per_pair, n_rows, n_keys, key_start, **tile)
+                               coefficient.contiguous(), partial, units, rows_per_pair, n_keys, key_start, **tile)
     return weights, row_max.view(shape), partial.sum(1).view(shape)
 
 
@@ -203,13 +162,14 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
     rows_per_pair, n_keys = scores.shape[-2], scores.shape[-1]
     lse, row_max, error = (rows[name].contiguous() for name in ("lse", "row_max", "error"))
     if n_keys:
-        grid, tile = _launch(scores)
-        with _on_device_of(scores):
+        grid, tile = triton_tiles.grid(scores.shape)
+        with triton_passes.on_device_of(scores):
             _backward_weights[grid](
                 scores, magnitudes, centered, gradient, first, last, lse, row_max, error,
                 lse if flush_row is None else flush_row.contiguous(), rows["dq_units"].contiguous(),
-                keys["dv_units"].contiguous(), keys["dk_units"].contiguous(), _units(scores.device, *units),
-                rows_per_pair, scores.shape[:-1].numel(), n_keys, key_start, FLUSH=flush_row is not None, **tile)
+                keys["dv_units"].contiguous(), keys["dk_units"].contiguous(),
+                triton_passes.float64_scalars(scores.device, *units),
+                rows_per_pair, n_keys, key_start, FLUSH=flush_row is not None, **tile)
     weights = {"dv": magnitudes, "dq": scores, "dk": centered}
     if flush_row is not None:
         weights["flush"] = gradient
@@ -218,20 +178,16 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
 
 @functools.cache
 def compiles(device: torch.device) -> bool:
-    """Whether the three passes build and run on ``device``, tried once on a block of 4 rows and 8 keys: Triton
-    builds each kernel's launcher with the host's C compiler, which a GPU image may lack, and then the bounds
-    keep the torch evaluation (the same bounds, slower) rather than fail every check."""
-    try:
-        scores = torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device)
-        ends = torch.zeros(4, dtype=torch.int64, device=device)
-        rows = torch.zeros(1, 1, 4, dtype=torch.float64, device=device)
-        _, row_max, _ = forward(scores, scores.clone(), ends, ends, 0, rows, rows[0, 0], 0.0, 0.0)
-        backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
-                 {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
-                 {"dv_units": scores[0, 0, 0], "dk_units": scores[0, 0, 0]}, (0.0, 0.0, 0.0, 0.0), rows)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    except Exception:  # any failure to build or launch leaves the torch evaluation
-        return False
-    return True
+    """Whether the three passes build and run on ``device``, tried once on a block of 4 rows and 8 keys
+    (:func:`core.triton_passes.trial_runs`)."""
+    return triton_passes.trial_runs(_trial, device)
 
+
+def _trial(device: torch.device) -> None:
+    scores = torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device)
+    ends = torch.zeros(4, dtype=torch.int64, device=device)
+    rows = torch.zeros(1, 1, 4, dtype=torch.float64, device=device)
+    _, row_max, _ = forward(scores, scores.clone(), ends, ends, 0, rows, rows[0, 0], 0.0, 0.0)
+    backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
+             {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
+             {"dv_units": scores[0, 0, 0], "dk_units": scores[0, 0, 0]}, (0.0, 0.0, 0.0, 0.0), rows)

@@ -34,13 +34,13 @@ loop over pairs.  A correct kernel keeps
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 from typing import Any, Mapping
 
 import torch
 
 from fa2_verify.core import row_blocks as core_blocks
+from fa2_verify.core import triton_passes
 from fa2_verify.core.case import Case
 from fa2_verify.core.errors import KernelLoadError, UsageError
 from fa2_verify.golden.api import require_certified_bound
@@ -364,9 +364,7 @@ def _fuses_weights(requested: bool | None, device: torch.device, partials: Parti
         return False
     if requested is not None:
         return requested
-    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
-
-    if device.type != "cuda" or importlib.util.find_spec("triton") is None or interpret_requested():
+    if not triton_passes.serve_by_default(device):
         return False
     from fa2_verify.verify import bound_weights
 

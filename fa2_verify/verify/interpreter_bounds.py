@@ -45,7 +45,7 @@ class OutOfBounds(AssertionError):
 def require_interpreter(flag: str) -> None:
     """``UsageError`` (one line, naming ``flag``) unless ``TRITON_INTERPRET=1``: without it no kernel runs
     in the interpreter, and the check would check nothing."""
-    from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+    from fa2_verify.core.triton_passes import interpret_requested
 
     if not interpret_requested():
         raise UsageError(f"{flag} needs TRITON_INTERPRET=1 set before the process starts: it checks the memory "

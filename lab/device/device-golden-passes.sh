@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # lab/probes/probe_golden_passes.py on one GPU: the fast golden's elementwise work in Triton passes (products in
 # cuBLAS, no FMA contraction) checked against golden.fast on small problems, compiled, then both float64 passes
-# timed, compared and certified on the issue's three golden shapes, bfloat16 -> $OUT/golden-passes.jsonl.
+# timed, compared and certified on the scale set's six long cases (their own inputs), with the fused pass's CUDA
+# operators -> $OUT/golden-passes.jsonl, $OUT/golden-passes-profile.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 # shellcheck source=lab/device/device-common.sh
@@ -9,4 +10,5 @@ source lab/device/device-common.sh
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$OUT/gpu.txt"
 probe=(python3 lab/probes/probe_golden_passes.py --device cuda)
 "${probe[@]}" --check 2>&1 | tee "$OUT/golden-passes-check.txt" | tail -n 1
-"${probe[@]}" --shapes 1x16x16384x128 1x1x131072x128c 1x32/4x16384x256c 2>&1 | tee "$OUT/golden-passes.jsonl"
+"${probe[@]}" --profile --cases "${long_cases[@]}" 2>&1 | tee "$OUT/golden-passes-profile.txt" | grep '^{' \
+    | tee "$OUT/golden-passes.jsonl"

@@ -23,6 +23,7 @@ import triton.language as tl
 from synced import timed
 
 from fa2_verify.app.cases.scale import SCALE_CASES
+from fa2_verify.core import triton_tiles
 from fa2_verify.core.case import make_case
 from fa2_verify.verify import bound_weights, check, error_model, noise_verdicts
 
@@ -62,7 +63,7 @@ def probe(spec, device: str, repeats: int, tiles: list[tuple[int, int, int]]) ->
     seconds, results = {}, {}
     for fused, tile in [(False, None), *((True, tile) for tile in tiles)]:
         if tile:
-            bound_weights.TILE = tile
+            triton_tiles.TILE = tile
         results[fused] = timed(device, *run, flush_shares=flush, fused_weights=fused)[0]
         seconds[str(tile) if fused else "torch"] = round(min(
             timed(device, *run, flush_shares=flush, fused_weights=fused)[1] for _ in range(repeats)), 3)
@@ -77,9 +78,9 @@ def main() -> None:
     parser.add_argument("--cases", nargs="*", default=[], help="scale-set case names (default: all)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--tiles", nargs="*", default=[], help="ROWS,KEYS,WARPS tiles of the fused passes to time "
-                        "(default: verify.bound_weights.TILE)")
+                        "(default: core.triton_tiles.TILE)")
     args = parser.parse_args()
-    tiles = [tuple(int(part) for part in tile.split(",")) for tile in args.tiles] or [bound_weights.TILE]
+    tiles = [tuple(int(part) for part in tile.split(",")) for tile in args.tiles] or [triton_tiles.TILE]
     if os.environ.get("TRITON_INTERPRET", "0") != "1":
         print(json.dumps({"float64 exp, largest relative error": _exp_errors(args.device)}), flush=True)
     for spec in SCALE_CASES[torch.device(args.device).type]:

@@ -45,6 +45,8 @@ import triton
 import triton.language as tl
 from synced import timed
 
+from fa2_verify.app.cases.scale import SCALE_CASES
+from fa2_verify.core.case import make_case
 from fa2_verify.golden import certify, eft, fast, inputs
 from fa2_verify.golden.eft import MIN_SLICE_BITS
 
@@ -201,24 +203,43 @@ def _sigma(peak: torch.Tensor, beta: int) -> torch.Tensor | None:
     return torch.ldexp(torch.full_like(peak, 0.75), exponent - beta + 53)
 
 
-def _one_slice_exact(b: torch.Tensor, k: int) -> bool:
-    """Whether :func:`golden.eft.dd_matmul` of an ``a`` (..., m, k) with ``b`` takes the one-slice path."""
+def _slice_bits(b: torch.Tensor, k: int) -> tuple[int, bool] | None:
+    """The path of :func:`golden.eft.dd_matmul` of an ``a`` (..., m, k) with ``b``, as (bits of ``a``'s leading
+    slice, one slice): ``(MIN_SLICE_BITS, True)`` where every matrix of ``b`` is one exact slice, (half the budget,
+    False) where none is (two-slice path); None where the matrices of ``b`` differ (the block keeps the torch code)."""
     budget = 53 - math.ceil(math.log2(k))
-    return bool((eft.leading_slice(b, -2, budget - MIN_SLICE_BITS) == b).all())
+    exact = eft._per_matrix(eft.leading_slice(b, -2, budget - MIN_SLICE_BITS) == b)
+    if bool(exact.all()):
+        return MIN_SLICE_BITS, True
+    return None if bool(exact.any()) else (budget // 2, False)
+
+
+def _pair_product(leading: torch.Tensor, rest: torch.Tensor, b: torch.Tensor, path: tuple[int, bool]) -> tuple:
+    """:func:`golden.eft.dd_matmul`'s pair from ``a = leading + rest`` split on :func:`_slice_bits`' ``path``: the
+    one-slice path's two products, or the two-slice path's three (``b`` split likewise), in its order."""
+    bits, one_slice = path
+    if one_slice:
+        return eft.matmul(leading, b), eft.matmul(rest, b)
+    b0 = eft.leading_slice(b, -2, bits)
+    lo = eft.matmul(leading, b - b0)
+    hi = eft.matmul(leading, b0)
+    lo += eft.matmul(rest, b)
+    return hi, lo
 
 
 def _split_product(x: torch.Tensor, peak: torch.Tensor, b: torch.Tensor, by_key: bool):
-    """``x @ b`` as :func:`golden.eft.dd_matmul`'s one-slice pair (``x`` split by rows, or with ``by_key`` its
-    transpose's split, ``x^T @ b``); None where the fast path would take another branch."""
-    sigma = _sigma(peak, MIN_SLICE_BITS)
-    if sigma is None or not _one_slice_exact(b, x.shape[-2] if by_key else x.shape[-1]):
+    """``x @ b`` as :func:`golden.eft.dd_matmul`'s pair (``x`` split by rows, or with ``by_key`` its transpose's
+    split, ``x^T @ b``); None where the fast path would take another branch."""
+    path = _slice_bits(b, x.shape[-2] if by_key else x.shape[-1])
+    sigma = None if path is None else _sigma(peak, path[0])
+    if path is None or sigma is None:
         return None
     leading, rest = torch.empty_like(x), torch.empty_like(x)
     grid, options = _grid(x)
     _split[grid](x, sigma.contiguous(), leading, rest, x.shape[-2], x.shape[-1], BY_KEY=by_key, **options)
     if by_key:
-        return eft.matmul(leading.mT, b), eft.matmul(rest.mT, b)
-    return eft.matmul(leading, b), eft.matmul(rest, b)
+        return _pair_product(leading.mT, rest.mT, b, path)
+    return _pair_product(leading, rest, b, path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,7 +258,7 @@ def _ranged_blocks(problem):
 
 def _forward(q, k, v, block, scale):
     magnitude = abs(scale)
-    if magnitude == 0.0 or not _one_slice_exact(k.mT if scale >= 0 else -k.mT, q.shape[-1]):
+    if magnitude == 0.0:
         return _torch("_forward", q, k, v, block, scale)
     hi, lo = eft.dd_matmul(q, (k if scale >= 0 else -k).mT)
     rows_per_pair, n_keys = hi.shape[-2], hi.shape[-1]
@@ -264,15 +285,16 @@ def _forward(q, k, v, block, scale):
     e.scatter_(-1, at, at_value[..., None])
     denominator = 1.0 + excess
     peak = torch.maximum(tile_max.amax(1).view(shape), at_value) / denominator
-    sigma = _sigma(peak, MIN_SLICE_BITS)
-    if sigma is None or not _one_slice_exact(v, n_keys):
+    path = _slice_bits(v, n_keys)
+    sigma = None if path is None else _sigma(peak, path[0])
+    if path is None or sigma is None:
         return _torch("_forward_from_e", e, denominator, v, pivot, empty, row_max, excess, magnitude)
     leading, rest = torch.empty_like(e), torch.empty_like(e)
     column_max = torch.empty(grid[0], n_keys, dtype=torch.float64, device=e.device)
     _probabilities[grid](e, denominator.contiguous(), sigma.contiguous(), leading, rest, column_max, rows_per_pair,
                          n_keys, **options)
     p = e
-    out_hi, out_lo = eft.matmul(leading, v), eft.matmul(rest, v)
+    out_hi, out_lo = _pair_product(leading, rest, v, path)
     max_hi, max_lo = eft.two_prod(row_max, magnitude)
     lse_hi, sum_lo = eft.two_sum(max_hi, torch.log1p(excess))
     result = fast._Forward(out_hi + out_lo, p, pivot, empty, torch.where(empty, -torch.inf, lse_hi),
@@ -308,7 +330,7 @@ _COLUMN_MAX: dict[int, torch.Tensor] = {}
 
 def _backward(dout, q, k, v, head, scale):
     column_p = _COLUMN_MAX.pop(id(head.p), None)
-    if column_p is None or not _one_slice_exact(v.mT, dout.shape[-1]):
+    if column_p is None:
         return _torch("_backward", dout, q, k, v, head, scale)
     dp_hi, dp_lo = eft.dd_matmul(dout, v.mT)
     at = head.pivot[..., None]
@@ -358,16 +380,23 @@ CHECKS = [
     dict(shape=(1, 33, 130, 3, 1, 40), dtype=torch.bfloat16, causal=False, window=(-1, -1)),
     dict(shape=(1, 129, 65, 2, 2, 64), dtype=torch.float16, causal=False, window=(16, 0)),
     dict(shape=(1, 96, 40, 2, 1, 16), dtype=torch.float32, causal=True, window=(-1, -1)),
+    # every input spread over 2^40: no 16-bit matrix is one exact slice, every product takes the two-slice path
+    dict(shape=(1, 77, 150, 4, 2, 32), dtype=torch.bfloat16, causal=True, window=(-1, -1), spread=40),
 ]
 
 
-def _problem(shape, dtype, causal, window, device, seed=1):
+def _problem(shape, dtype, causal, window, device, seed=1, spread=0):
+    """Normal inputs, each element times ``2**-u`` for ``u`` uniform in ``[0, spread)``."""
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
     generator = torch.Generator().manual_seed(seed)
-    q, dout = (torch.randn(batch, seqlen_q, heads_q, head_dim, generator=generator).to(dtype).to(device)
-               for _ in range(2))
-    k, v = (torch.randn(batch, seqlen_k, heads_kv, head_dim, generator=generator).to(dtype).to(device)
-            for _ in range(2))
+
+    def draw(*size):
+        scaled = torch.randn(*size, generator=generator) * 2.0 ** -torch.randint(0, max(spread, 1), size,
+                                                                                generator=generator)
+        return scaled.to(dtype).to(device)
+
+    q, dout = (draw(batch, seqlen_q, heads_q, head_dim) for _ in range(2))
+    k, v = (draw(batch, seqlen_k, heads_kv, head_dim) for _ in range(2))
     return inputs.prepare(q, k, v, dout, softmax_scale=head_dim ** -0.5, causal=causal, window_size=window)
 
 
@@ -405,21 +434,41 @@ def _check(device: str) -> int:
     return 0 if worst <= 1e-13 else 1
 
 
-def _time(device: str, shapes: list[str], dtype: torch.dtype) -> None:
-    for shape in shapes:
-        causal = shape.endswith("c")
-        b, h, s, d = shape.rstrip("c").split("x")
-        heads_q, _, heads_kv = h.partition("/")
-        problem = _problem((int(b), int(s), int(s), int(heads_q), int(heads_kv or heads_q), int(d)), dtype, causal,
-                           (-1, -1), device)
+def _shape_problem(shape: str, dtype: torch.dtype, device: str):
+    causal = shape.endswith("c")
+    b, h, s, d = shape.rstrip("c").split("x")
+    heads_q, _, heads_kv = h.partition("/")
+    return _problem((int(b), int(s), int(s), int(heads_q), int(heads_kv or heads_q), int(d)), dtype, causal,
+                    (-1, -1), device)
+
+
+def _case_problem(name: str, device: str):
+    """The golden's inputs of scale case ``name`` of ``device`` (``app.cases.scale``), forward and backward."""
+    spec = next(spec for spec in SCALE_CASES[torch.device(device).type] if spec.name == name)
+    case = make_case(spec, device)
+    return inputs.prepare(case.q, case.k, case.v, case.dout if spec.backward else None, softmax_scale=spec.scale,
+                          causal=spec.causal, window_size=spec.window_size, alignment=spec.causal_alignment)
+
+
+def _time(device: str, problems: dict, profile: bool) -> None:
+    """Both float64 passes on each of ``problems`` (name: thunk), timed (the faster of two), compared, certified;
+    with ``profile`` the fused pass's CUDA operators."""
+    for name, make in problems.items():
+        problem = make()
         seconds = {}
         plain = fast.attention(problem)
         seconds["torch"] = min(timed(device, fast.attention, problem)[1] for _ in range(2))
         with fused_passes():
             fused = fast.attention(problem)
             seconds["fused"] = min(timed(device, fast.attention, problem)[1] for _ in range(2))
-        print(json.dumps({"shape": shape, "dtype": str(dtype), "float64 pass s": seconds, "blocks": dict(TAKEN),
-                          "relative differences": _differences(fused, plain),
+            if profile and device == "cuda":
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    fast.attention(problem)
+                    torch.cuda.synchronize()
+                print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=20, max_name_column_width=50),
+                      flush=True)
+        print(json.dumps({"problem": name, "dtype": str(problem.dtypes[0]), "float64 pass s": seconds,
+                          "blocks": dict(TAKEN), "relative differences": _differences(fused, plain),
                           "certified": _certified(problem, fused)}), flush=True)
         del problem, plain, fused
 
@@ -429,11 +478,16 @@ def main() -> int:
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--shapes", nargs="*", default=[])
+    parser.add_argument("--cases", nargs="*", default=[])
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--profile", action="store_true")
     arguments = parser.parse_args()
     if arguments.check:
         return _check(arguments.device)
-    _time(arguments.device, arguments.shapes, getattr(torch, arguments.dtype))
+    device, dtype = arguments.device, getattr(torch, arguments.dtype)
+    problems = {shape: functools.partial(_shape_problem, shape, dtype, device) for shape in arguments.shapes}
+    problems.update({name: functools.partial(_case_problem, name, device) for name in arguments.cases})
+    _time(device, problems, arguments.profile)
     return 0
 
 

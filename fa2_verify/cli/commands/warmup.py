@@ -20,6 +20,7 @@ import time
 
 from fa2_verify.core.case import CaseSpec
 from fa2_verify.core.errors import DeviceUnavailable, UsageError
+from fa2_verify.core.triton_passes import interpret_requested
 from fa2_verify.kernels.triton_fa2 import environment
 from fa2_verify.properties import profiles
 
@@ -57,7 +58,7 @@ def handle(args) -> int:
         raise UsageError(f"--processes={args.processes}, --examples={args.examples}: pass integers >= 1")
     if not torch.cuda.is_available():
         raise DeviceUnavailable("warmup compiles for the GPU and no CUDA device is visible: run it on the GPU runner")
-    if environment.interpret_requested():
+    if interpret_requested():
         raise UsageError("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to warm up")
     reason = environment.current().unavailable_reason()
     if reason is not None:

@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
-import os
 import sys
 
 import torch
 
 from fa2_verify.core.contract import Capabilities
+from fa2_verify.core.triton_passes import interpret_requested
 
 #: Head dimensions with a tile shape: multiples of 8 from 32 to 256, padded in
 #: the kernels to the next power of two with masked loads.
@@ -31,15 +31,8 @@ HEAD_DIMS: tuple[int, ...] = tuple(range(32, 257, 8))
 CPU_DTYPES: tuple[str, ...] = ("float16", "float32")
 CUDA_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32")
 
-#: Values of TRITON_INTERPRET that Triton reads as "on".
-_TRUE_VALUES = frozenset({"1", "true", "yes", "on", "y"})
 
 _KERNEL_MODULE = "fa2_verify.kernels.triton_fa2.kernels"
-
-
-def interpret_requested() -> bool:
-    """``True`` when ``TRITON_INTERPRET`` is set to a value Triton reads as on."""
-    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in _TRUE_VALUES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,7 +58,7 @@ import triton
 import triton.language as tl
 
 from fa2_verify.kernels.triton_fa2 import plans
-from fa2_verify.kernels.triton_fa2.environment import interpret_requested
+from fa2_verify.core.triton_passes import interpret_requested
 
 #: The interpret mode these kernels were decorated under (see environment.py).
 INTERPRET: bool = interpret_requested()
