@@ -46,6 +46,7 @@ def run_check(name: str) -> subprocess.CompletedProcess:
         "reads_and_writes_stay_in_bounds",
         "bounds_check_fails_on_a_read_before_a_tensor",
         "fused_bound_weights_equal_the_dense_equations",
+        "fused_golden_passes_equal_the_torch_evaluation",
     ],
 )
 def test_interpreter_check(check: str) -> None:

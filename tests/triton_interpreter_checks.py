@@ -247,3 +247,92 @@ def fused_bound_weights_equal_the_dense_equations() -> None:
                     assert_close(fused[1], _dense_bounds(case, result, flush_only=True),
                                  f"flush shares against the equations, {what}")
     error_model.WORK_ELEMENTS["cpu"] = whole
+
+
+def _golden_problem(shape, dtype, causal=False, window=(-1, -1), spread=0, seed=1, equal_keys=False):
+    """The golden's head-major inputs of normal values, each times ``2**-u`` with ``u`` uniform in
+    ``[0, spread)`` (a spread of 40 makes no 16-bit matrix one exact slice: the two-slice products); with
+    ``equal_keys`` every key is the first (every score of a row ties)."""
+    from fa2_verify.golden import inputs
+
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim = shape
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(*size):
+        powers = torch.randint(0, max(spread, 1), size, generator=generator)
+        return (torch.randn(*size, generator=generator) * 2.0 ** -powers).to(dtype)
+
+    q, dout = (draw(batch, seqlen_q, heads_q, head_dim) for _ in range(2))
+    k, v = (draw(batch, seqlen_k, heads_kv, head_dim) for _ in range(2))
+    if equal_keys:
+        k[:] = k[:, :1].clone()
+    return inputs.prepare(q, k, v, dout, softmax_scale=head_dim ** -0.5, causal=causal, window_size=window)
+
+
+def fused_golden_passes_equal_the_torch_evaluation() -> None:
+    """:func:`golden.fast.attention` with :mod:`fa2_verify.golden.passes` equals the torch evaluation to float64
+    rounding (the same pivots), and certifies, in one block and in blocks of 600 scores: causal GQA, cross
+    lengths, a window with rows that see no key, float32, spread-out bfloat16 (the two-slice products) and equal
+    keys (every score of a row ties: the first key is the pivot, as torch's ``argmax`` takes it), every block
+    served by the passes; kv heads whose products take different paths keep the torch code, bit for bit;
+    the double-double accumulation equals torch's bit for bit; the trial of ``passes.compiles`` runs."""
+    _kernel()
+    from fa2_verify.golden import certify, fast, passes
+
+    assert passes.compiles(torch.device("cpu")), "the trial of golden.passes.compiles failed"
+    torch_steps = {"_forward": 0, "_backward": 0}
+
+    def counted(name, step):
+        def call(*args):
+            torch_steps[name] += 1
+            return step(*args)
+        return call
+
+    fast._forward, fast._backward = counted("_forward", fast._forward), counted("_backward", fast._backward)
+    served = [
+        ((2, 70, 70, 4, 2, 32), torch.float16, {"causal": True}),
+        ((1, 33, 130, 3, 1, 40), torch.float16, {}),
+        ((1, 129, 65, 2, 2, 64), torch.float16, {"window": (16, 0)}),
+        ((1, 96, 40, 2, 1, 16), torch.float32, {"causal": True}),
+        ((1, 77, 150, 4, 2, 32), torch.bfloat16, {"causal": True, "spread": 40}),
+        ((1, 9, 300, 2, 1, 16), torch.float16, {"window": (280, 0), "equal_keys": True}),  # ties over two tiles
+    ]
+    whole = fast.BLOCK_ELEMENTS["cpu"]
+    for shape, dtype, options in served:
+        problem = _golden_problem(shape, dtype, **options)
+        for block_elements in (whole, 600):
+            fast.BLOCK_ELEMENTS["cpu"] = block_elements
+            what = f"{shape} {dtype} {options}, {block_elements} scores a block"
+            plain = fast.attention(problem, fused=False)
+            torch_steps.update(_forward=0, _backward=0)
+            fused = fast.attention(problem, fused=True)
+            assert torch_steps == {"_forward": 0, "_backward": 0}, f"{what}: blocks left to torch {torch_steps}"
+            assert torch.equal(fused.pivot, plain.pivot), f"{what}: pivots"
+            # with equal keys dq is 0 but for rounding (sum_j dS_ij = 0): the certification measures it instead
+            for name in ("out", "lse", "delta", "dk", "dv") + (() if options.get("equal_keys") else ("dq",)):
+                a, b = getattr(fused, name), getattr(plain, name)
+                finite = torch.isfinite(b)
+                assert torch.equal(finite, torch.isfinite(a)), f"{what}: {name} finite elsewhere"
+                largest = float(b[finite].abs().max()) or 1.0
+                assert float((a[finite] - b[finite]).abs().max()) <= 1e-13 * largest, f"{what}: {name}"
+            bounds = certify.certify(problem, fused, rows=16, precision_bits=113, seed=7)
+            assert max(bounds.values()) <= certify.LIMIT, f"{what}: certified {bounds}"
+    fast.BLOCK_ELEMENTS["cpu"] = whole
+    # kv head 0 spread out, kv head 1 not: P V and dS K take both paths in one stack
+    problem = _golden_problem((1, 40, 60, 2, 2, 16), torch.bfloat16, causal=True)
+    spread = _golden_problem((1, 40, 60, 2, 2, 16), torch.bfloat16, causal=True, spread=40)
+    for name in ("k", "v"):
+        getattr(problem, name)[:, 0] = getattr(spread, name)[:, 0]
+    torch_steps.update(_forward=0, _backward=0)
+    fused = fast.attention(problem, fused=True)
+    assert torch_steps["_forward"] > 0 and torch_steps["_backward"] > 0, "mixed paths: torch steps not taken"
+    plain = fast.attention(problem, fused=False)
+    for name in ("out", "lse", "delta", "dq", "dk", "dv"):
+        assert torch.equal(getattr(fused, name), getattr(plain, name)), f"mixed paths: {name} differs from torch"
+    generator = torch.Generator().manual_seed(3)
+    total = [torch.randn(2, 3, 9, 5, dtype=torch.float64, generator=generator) for _ in range(2)]
+    term = [torch.randn(2, 3, 4, 5, dtype=torch.float64, generator=generator) * 1e-9 for _ in range(2)]
+    expected = [part.clone() for part in total]
+    fast._accumulate(expected, term, slice(3, 7))
+    passes.accumulate(total, term, slice(3, 7))
+    assert all(torch.equal(a, b) for a, b in zip(total, expected)), "double-double accumulation differs from torch"

@@ -19,21 +19,26 @@ TILE = (4, 256, 4)
 
 
 @triton.jit
-def pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``(rows, local, keys, row_ok, inside, visible, at)``: the tile's rows in the stack and in their matrix,
-    its keys (block-local), which exist, which each row sees, and their element offsets."""
+def pair_positions(rows_per_pair, n_keys, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``(rows, local, keys, row_ok, inside, at)``: the tile's rows in the stack and in their matrix, its keys
+    (block-local), which rows and elements exist, and the elements' offsets."""
     tiles = tl.cdiv(rows_per_pair, BLOCK_R)
     local = (tl.program_id(0) % tiles) * BLOCK_R + tl.arange(0, BLOCK_R)
     keys = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     row_ok = local < rows_per_pair
     rows = (tl.program_id(0) // tiles) * rows_per_pair + local
     inside = row_ok[:, None] & (keys < n_keys)[None, :]
+    at = rows[:, None].to(tl.int64) * n_keys + keys[None, :]
+    return rows, local, keys, row_ok, inside, at
+
+
+@triton.jit
+def visible_keys(FIRST, LAST, local, keys, row_ok, inside, key_start):
+    """Which of the tile's elements a row sees: local row ``r`` sees keys ``FIRST[r] .. LAST[r]`` (absolute)."""
     first = tl.load(FIRST + local, mask=row_ok, other=1)
     last = tl.load(LAST + local, mask=row_ok, other=0)
     index = key_start + keys
-    visible = inside & (index[None, :] >= first[:, None]) & (index[None, :] <= last[:, None])
-    at = rows[:, None].to(tl.int64) * n_keys + keys[None, :]
-    return rows, local, keys, row_ok, inside, visible, at
+    return inside & (index[None, :] >= first[:, None]) & (index[None, :] <= last[:, None])
 
 
 def grid(blocks_shape, exact: bool = False) -> tuple[tuple[int, int], dict]:

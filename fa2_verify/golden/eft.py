@@ -96,13 +96,44 @@ def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
         return a.new_zeros(shape), a.new_zeros(shape)
     budget = 53 - math.ceil(math.log2(k))
-    exact = _per_matrix(leading_slice(b, -2, budget - MIN_SLICE_BITS) == b)
+    exact = _one_exact_slice(b, budget)
     if bool(exact.all()):
         return _one_slice(a, b)
     if not bool(exact.any()):
         return _two_slices(a, b, budget)
     (hi1, lo1), (hi2, lo2) = _one_slice(a, b), _two_slices(a, b, budget)
     return torch.where(exact, hi1, hi2), torch.where(exact, lo1, lo2)
+
+
+def slice_path(b: torch.Tensor, k: int) -> tuple[int, bool] | None:
+    """The path :func:`dd_matmul` takes for an ``a`` (..., m, k) with ``b``, when every matrix of ``b`` takes the
+    same one: ``(bits of a's leading slice, True)`` for the one-slice path, ``(bits, False)`` for the two-slice
+    path (``b`` split with as many bits); None when the matrices of ``b`` take different paths."""
+    budget = 53 - math.ceil(math.log2(k))
+    exact = _one_exact_slice(b, budget)
+    if bool(exact.all()):
+        return MIN_SLICE_BITS, True
+    return None if bool(exact.any()) else (budget // 2, False)
+
+
+def pair_product(leading: torch.Tensor, rest: torch.Tensor, b: torch.Tensor,
+                 path: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dd_matmul`'s pair for ``a = leading + rest``, already split on :func:`slice_path`'s ``path``
+    (``leading = leading_slice(a, -1, bits)``): the same products in the same order, so the same values."""
+    bits, one_slice = path
+    if one_slice:
+        return matmul(leading, b), matmul(rest, b)
+    b0 = leading_slice(b, -2, bits)
+    lo = matmul(leading, b - b0)
+    hi = matmul(leading, b0)
+    lo += matmul(rest, b)
+    return hi, lo
+
+
+def _one_exact_slice(b: torch.Tensor, budget: int) -> torch.Tensor:
+    """Whether each matrix of ``b`` (..., k, n) is exactly one ``budget - MIN_SLICE_BITS`` bit slice per column,
+    as (..., 1, 1)."""
+    return _per_matrix(leading_slice(b, -2, budget - MIN_SLICE_BITS) == b)
 
 
 def _per_matrix(condition: torch.Tensor) -> torch.Tensor:
@@ -169,6 +200,16 @@ def leading_slice(x: torch.Tensor, axis: int, beta: int) -> torch.Tensor:
         return truncated
     sigma = torch.ldexp(torch.full_like(peak, 0.75), (exponent - beta + 53).clamp(_MIN_EXPONENT, _MAX_EXPONENT))
     return torch.where(in_range, (x + sigma) - sigma, truncated)
+
+
+def slice_sigma(peak: torch.Tensor, beta: int) -> torch.Tensor | None:
+    """:func:`leading_slice`'s ``sigma`` for rows whose largest magnitudes are ``peak``, so that
+    ``fl(x + sigma) - sigma`` is their leading slice; None when a row is out of the range where it is a normal
+    float64 (:func:`leading_slice` then scales instead)."""
+    exponent = torch.frexp(peak).exponent.to(torch.int64)
+    if not bool(((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)).all()):
+        return None
+    return torch.ldexp(torch.full_like(peak, 0.75), exponent - beta + 53)
 
 
 def _peak(x: torch.Tensor, axis: int) -> torch.Tensor:

@@ -58,8 +58,8 @@ import dataclasses
 
 import torch
 
-from fa2_verify.core import row_blocks
-from fa2_verify.golden.eft import dd_matmul, two_prod, two_sum
+from fa2_verify.core import row_blocks, triton_passes
+from fa2_verify.golden.eft import dd_matmul, pair_product, slice_path, slice_sigma, two_prod, two_sum
 from fa2_verify.golden.inputs import HeadMajorInputs
 
 #: Query rows are processed in blocks of at most this many scores (or one row) per device
@@ -95,12 +95,15 @@ class FastResult:
 class _Block:
     """Query rows ``rows`` over keys ``keys``; ``mask``: the column bands of keys that some row does not see
     (:class:`core.row_blocks.BlockMask`, none when every row sees every one of those keys); ``empty``: the rows
-    that see no key of the block, on the golden's device."""
+    that see no key of the block; ``first``, ``last``: the keys each row sees (absolute), on the golden's
+    device."""
 
     rows: slice
     keys: slice
     mask: row_blocks.BlockMask
     empty: torch.Tensor
+    first: torch.Tensor
+    last: torch.Tensor
 
 
 def blocks(problem: HeadMajorInputs) -> list[_Block]:
@@ -115,7 +118,7 @@ def blocks(problem: HeadMajorInputs) -> list[_Block]:
         rows = slice(plan_rows.start, plan_rows.stop)
         keys = slice(int(problem.first[rows.start]), int(problem.last[rows.stop - 1]) + 1)
         mask = row_blocks.BlockMask.of(rows, keys, first, last, first_host, last_host)
-        result.append(_Block(rows, keys, mask, first[rows] > last[rows]))
+        result.append(_Block(rows, keys, mask, first[rows] > last[rows], first[rows], last[rows]))
     return result
 
 
@@ -141,13 +144,21 @@ def pair_chunks(problem: HeadMajorInputs) -> list[tuple[slice, slice]]:
             for b in range(problem.batch) for g in range(0, problem.heads_kv, pairs)]
 
 
-def attention(problem: HeadMajorInputs) -> FastResult:
+def attention(problem: HeadMajorInputs, fused: bool | None = None) -> FastResult:
     """Forward (and backward when ``problem.dout`` is given) for every head, in blocks of query rows.
 
     The (batch, kv head) pairs of a chunk (:func:`pair_chunks`) are evaluated at once, every tensor of a
     block gaining two leading dimensions (batches, kv heads); within a pair the query heads of its group
-    and their row blocks run in increasing order, as the double-double sums of dK and dV expect.
+    and their row blocks run in increasing order, as the double-double sums of dK and dV expect.  With
+    ``fused`` (by default on CUDA where they build, :func:`uses_passes`) a block's elementwise work runs in
+    :mod:`golden.passes`' Triton passes, the blocks they do not serve in torch.
     """
+    fused = uses_passes(problem.device) if fused is None else fused
+    forward_step, backward_step, accumulate = _forward, _backward, _accumulate
+    if fused:
+        from fa2_verify.golden import passes
+
+        forward_step, backward_step, accumulate = _forward_fused, _backward_fused, passes.accumulate
     backward = problem.dout is not None
     rows = problem.q.shape[:3]
     device = problem.device
@@ -169,15 +180,16 @@ def attention(problem: HeadMajorInputs) -> FastResult:
             for block in plan:
                 rows_, keys = block.rows, block.keys
                 q = problem.q[b, h, rows_]
-                head = _forward(q, k[..., keys, :], v[..., keys, :], block, problem.scale)
+                head = forward_step(q, k[..., keys, :], v[..., keys, :], block, problem.scale)
                 out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
                 lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
                 if not backward:
                     continue
-                grads = _backward(problem.dout[b, h, rows_], q, k[..., keys, :], v[..., keys, :], head, problem.scale)
+                grads = backward_step(problem.dout[b, h, rows_], q, k[..., keys, :], v[..., keys, :], head,
+                                      problem.scale)
                 dq[b, h, rows_], delta[b, h, rows_], offset[b, h, rows_] = grads.dq, grads.delta, grads.offset
-                _accumulate(dk_sum, grads.dk_sum, keys)
-                _accumulate(dv_sum, grads.dv, keys)
+                accumulate(dk_sum, grads.dk_sum, keys)
+                accumulate(dv_sum, grads.dv, keys)
         if backward:
             dk[b, g] = _times(dk_sum, problem.scale)
             dv[b, g] = dv_sum[0] + dv_sum[1]
@@ -187,14 +199,27 @@ def attention(problem: HeadMajorInputs) -> FastResult:
     return FastResult(out, lse, delta, dq, dk, dv, (lse_hi, lse_lo), pivot, offset)
 
 
+def uses_passes(device: torch.device) -> bool:
+    """Whether :func:`attention` takes :mod:`golden.passes` by default on ``device``: on CUDA where Triton builds
+    them (:mod:`core.triton_passes`)."""
+    if not triton_passes.serve_by_default(device):
+        return False
+    from fa2_verify.golden import passes
+
+    return passes.compiles(device)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Forward:
+    """A block's forward; ``key_max``, from :mod:`golden.passes` only: each key's largest ``P`` per matrix."""
+
     out: torch.Tensor
     p: torch.Tensor
     pivot: torch.Tensor
     empty: torch.Tensor
     lse_hi: torch.Tensor
     lse_lo: torch.Tensor
+    key_max: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,17 +252,47 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, s
     excess = e.sum(dim=-1) + torch.expm1(at_pivot)
     e.scatter_(-1, at, torch.where(empty, 0.0, torch.exp(at_pivot))[..., None])
     p = e.div_((1.0 + excess)[..., None])
+    out_hi, out_lo = dd_matmul(p, v)
+    return _Forward(out_hi + out_lo, p, pivot, empty, *_lse(row_max, magnitude, excess, empty))
+
+
+def _lse(row_max: torch.Tensor, magnitude: float, excess: torch.Tensor,
+         empty: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 2's ``LSE_i = |scale| m'_i + log1p(excess_i)`` as ``(hi, lo)`` (-inf and 0 on empty rows)."""
     max_hi, max_lo = two_prod(row_max, magnitude)
     lse_hi, sum_lo = two_sum(max_hi, torch.log1p(excess))
-    out_hi, out_lo = dd_matmul(p, v)
-    return _Forward(
-        out_hi + out_lo,
-        p,
-        pivot,
-        empty,
-        torch.where(empty, -torch.inf, lse_hi),
-        torch.where(empty, 0.0, max_lo + sum_lo),
-    )
+    return torch.where(empty, -torch.inf, lse_hi), torch.where(empty, 0.0, max_lo + sum_lo)
+
+
+def _forward_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
+    """:func:`_forward` with its elementwise work in :mod:`golden.passes` (A to C); the torch code where
+    ``P V`` would take :func:`golden.eft.dd_matmul`'s two paths at once, or the scale is 0."""
+    from fa2_verify.golden import passes
+
+    magnitude = abs(scale)
+    path = slice_path(v, v.shape[-2])
+    if magnitude == 0.0 or path is None:
+        return _forward(q, k, v, block, scale)
+    empty = block.empty
+    hi, lo = dd_matmul(q, (k if scale >= 0 else -k).mT)
+    key_start = block.keys.start
+    pivot, largest = passes.pivots(hi, lo, block.first, block.last, key_start)
+    row_max = torch.where(empty, 0.0, largest)
+    at = pivot[..., None]
+    at_pivot = torch.where(empty, 0.0, lo.gather(-1, at).squeeze(-1) * magnitude)
+    others, e_max = passes.exponentials(hi, lo, block.first, block.last, key_start, row_max, pivot, magnitude)
+    del lo
+    e = hi
+    at_value = torch.where(empty, 0.0, torch.exp(at_pivot))
+    e.scatter_(-1, at, at_value[..., None])
+    excess = others + torch.expm1(at_pivot)
+    denominator = 1.0 + excess
+    sigma = slice_sigma(torch.maximum(e_max, at_value) / denominator, path[0])  # of P's row maxima
+    if sigma is None:  # P's row maxima lie in [1 / (keys + 1), 2] or are 0: only for non-finite scores
+        return _forward(q, k, v, block, scale)
+    leading, rest, key_max = passes.probabilities(e, denominator, sigma)
+    out_hi, out_lo = pair_product(leading, rest, v, path)
+    return _Forward(out_hi + out_lo, e, pivot, empty, *_lse(row_max, magnitude, excess, empty), key_max)
 
 
 def _backward(
@@ -255,6 +310,41 @@ def _backward(
     delta_hi, delta_lo = two_sum(anchor_hi, offset)
     dq = _times(dd_matmul(ds, k), scale)
     return _Backward(dq, dd_matmul(ds.mT, q), dd_matmul(head.p.mT, dout), delta_hi + (delta_lo + anchor_lo), offset)
+
+
+def _backward_fused(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head: _Forward, scale: float
+) -> _Backward:
+    """:func:`_backward` with its elementwise work in :mod:`golden.passes` (D to F); the torch code after a torch
+    forward, or where a product would take :func:`golden.eft.dd_matmul`'s two paths at once or a slice's
+    ``sigma`` leaves float64's range."""
+    from fa2_verify.golden import passes
+
+    paths = (slice_path(k, k.shape[-2]), slice_path(q, q.shape[-2]), slice_path(dout, dout.shape[-2]))
+    if head.key_max is None or any(path is None for path in paths):
+        return _backward(dout, q, k, v, head, scale)
+    dp_hi, dp_lo = dd_matmul(dout, v.mT)
+    at = head.pivot[..., None]
+    anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(-1, at).squeeze(-1))
+    anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(-1, at).squeeze(-1))
+    offset = passes.shifted(dp_hi, dp_lo, head.p, anchor_hi, anchor_lo)
+    del dp_lo
+    row_max, key_max = passes.gradients(dp_hi, head.p, offset)  # dP_hi is dS now
+    k_path, q_path, dout_path = paths
+    sigmas = (slice_sigma(row_max, k_path[0]), slice_sigma(key_max, q_path[0]),
+              slice_sigma(head.key_max, dout_path[0]))
+    if any(sigma is None for sigma in sigmas):
+        return _backward(dout, q, k, v, head, scale)
+    ds_rows, ds_keys, p_keys = sigmas
+    dq = _times(pair_product(*passes.split(dp_hi, ds_rows, False), k, k_path), scale)
+    leading, rest = passes.split(dp_hi, ds_keys, True)
+    del dp_hi  # at most four blocks live: P, dS and a split
+    dk_sum = pair_product(leading.mT, rest.mT, q, q_path)
+    del leading, rest
+    leading, rest = passes.split(head.p, p_keys, True)
+    dv = pair_product(leading.mT, rest.mT, dout, dout_path)
+    delta_hi, delta_lo = two_sum(anchor_hi, offset)
+    return _Backward(dq, dk_sum, dv, delta_hi + (delta_lo + anchor_lo), offset)
 
 
 def _zeros_dd(like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

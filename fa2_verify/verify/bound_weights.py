@@ -43,7 +43,7 @@ import triton
 import triton.language as tl
 
 from fa2_verify.core import triton_passes, triton_tiles
-from fa2_verify.core.triton_tiles import pair_tile
+from fa2_verify.core.triton_tiles import pair_positions, visible_keys
 
 #: The kernels' size arguments, not specialized: one compiled variant per tile serves every block of every case.
 _SIZES = ["rows_per_pair", "n_keys", "key_start"]
@@ -66,8 +66,8 @@ def _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at):
 def _row_max_tiles(S, FIRST, LAST, PARTIAL, rows_per_pair, n_keys, key_start,
                    BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """PARTIAL[r, t] = max(0, max of ``|S_rj|`` over the visible keys of key tile ``t``)."""
-    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
-                                                               BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, at = pair_positions(rows_per_pair, n_keys, BLOCK_R, BLOCK_K)
+    visible = visible_keys(FIRST, LAST, local, keys, row_ok, inside, key_start)
     s = tl.load(S + at, mask=inside, other=0.0)
     largest = tl.max(tl.where(visible, tl.abs(s), 0.0), 1)
     tl.store(PARTIAL + rows * tl.num_programs(1) + tl.program_id(1), largest, mask=row_ok)
@@ -78,8 +78,8 @@ def _forward_weights(S, A, W, FIRST, LAST, LSE, ROW_MAX, COEFFICIENT, PARTIAL, U
                      rows_per_pair, n_keys, key_start, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """W = P Delta + c P (0 on hidden keys), PARTIAL[r, t] = sum of ``P Delta`` over key tile ``t``; UNITS:
     ``(u_a, u_f)``."""
-    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
-                                                               BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, at = pair_positions(rows_per_pair, n_keys, BLOCK_R, BLOCK_K)
+    visible = visible_keys(FIRST, LAST, local, keys, row_ok, inside, key_start)
     _, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     coefficient = tl.load(COEFFICIENT + local, mask=row_ok, other=0.0)
     p_delta = p * delta
@@ -94,8 +94,8 @@ def _backward_weights(S, A, CENTERED, GRADIENT, FIRST, LAST, LSE, ROW_MAX, ROW_E
     """In place: S <- the weights of (8), A <- those of (7), CENTERED (``dP - D``) <- those of (9), and with
     FLUSH, GRADIENT (``gamma_d |dO||V|^T + B^D``) <- (12)'s ``F^dS``; UNITS: ``(u_a, u_f, eta + eta_a, eta_a)``."""
     u_a, eta_centered, eta_a = tl.load(UNITS), tl.load(UNITS + 2), tl.load(UNITS + 3)
-    rows, local, keys, row_ok, inside, visible, at = pair_tile(FIRST, LAST, rows_per_pair, n_keys, key_start,
-                                                               BLOCK_R, BLOCK_K)
+    rows, local, keys, row_ok, inside, at = pair_positions(rows_per_pair, n_keys, BLOCK_R, BLOCK_K)
+    visible = visible_keys(FIRST, LAST, local, keys, row_ok, inside, key_start)
     s, p, delta = _weights_tile(S, A, LSE, ROW_MAX, UNITS, rows, row_ok, inside, visible, at)
     key_ok = keys < n_keys
     centered = tl.abs(tl.load(CENTERED + at, mask=inside, other=0.0))
