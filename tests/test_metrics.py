@@ -289,3 +289,14 @@ def test_describe_failure_of_an_errored_case_gives_the_reason():
     message = describe_failure(result)
     assert "error: k.forward raised RuntimeError: boom" in message
     assert "reproduce: fa2-verify repro --kernel k" in message
+
+
+@pytest.mark.parametrize("lanes", [1, 3, 32])
+def test_a_histogram_spread_over_copies_counts_as_one(lanes):
+    """metrics.spread_bincount (CUDA's radix histograms, HISTOGRAM_LANES copies) equals torch.bincount, also when
+    the copies would pass 2**21 bins and fewer are taken."""
+    generator = torch.Generator().manual_seed(lanes)
+    for bins in (metrics.RADIX, 40 * metrics.RADIX):
+        index = torch.randint(0, bins, (10007,), generator=generator)
+        index[::7] = 5  # a crowded bin, as a metric's values make
+        assert torch.equal(metrics.spread_bincount(index, bins, lanes), torch.bincount(index, minlength=bins))

@@ -81,6 +81,12 @@ RADIX = 1 << DIGIT_BITS
 #: four metrics gather at once: 512 MiB at most.
 GATHER_MAX_ELEMENTS = CHUNK_ELEMENTS
 
+#: Copies of a radix histogram that a CUDA chunk's elements are spread over (element ``e`` counted in copy
+#: ``e % HISTOGRAM_LANES``, the copies summed after), while the copies stay within ``2**21`` bins: a metric's
+#: values fill few of a digit's ``RADIX`` bins, whose global atomic adds serialise (on an H100 a chunk's first
+#: digit took 3.6 ms in one copy and 1.3 ms in 32, docs/benchmarks.md).
+HISTOGRAM_LANES = 32
+
 #: Axis names of each output, for tensor paths such as ``dq[b=1, i=7, h=3, c=12]``:
 #: b batch, i query position, j key position, h head (a kv head for dk/dv), c channel.
 OUTPUT_AXES: dict[str, tuple[str, ...]] = {
@@ -257,6 +263,17 @@ def _rank(probability: float, count: int) -> int:
     return min(count - 1, max(0, math.ceil(probability * count) - 1))
 
 
+def spread_bincount(index: torch.Tensor, bins: int, lanes: int) -> torch.Tensor:
+    """``torch.bincount(index, minlength=bins)``, counted over ``lanes`` copies of the histogram (fewer while the
+    copies would pass ``2**21`` bins), element ``e`` in copy ``e % lanes`` (:data:`HISTOGRAM_LANES`)."""
+    while lanes > 1 and lanes * bins > 2**21:
+        lanes //= 2
+    if lanes <= 1:
+        return torch.bincount(index, minlength=bins)
+    lane = torch.arange(index.numel(), device=index.device).remainder_(lanes).mul_(bins)
+    return torch.bincount(lane.add_(index), minlength=bins * lanes).view(lanes, bins).sum(0)
+
+
 class _Selection:
     """Radix selection of one metric's values at given 0-based ranks in sorted order (:func:`order_statistics`).
 
@@ -314,7 +331,8 @@ class _Selection:
         else:
             slot, match = self._slot(bits, shift + DIGIT_BITS)
             index = (slot * RADIX + digits)[match]
-        counts = torch.bincount(index, minlength=len(self.under) * RADIX)
+        lanes = HISTOGRAM_LANES if index.is_cuda else 1
+        counts = spread_bincount(index, len(self.under) * RADIX, lanes)
         self.counts = counts if self.counts is None else self.counts + counts
 
     def end_pass(self) -> None:
