@@ -23,6 +23,7 @@ float16 only):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -95,14 +96,44 @@ def dd_matmul(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     if m == 0 or n == 0 or k == 0:
         shape = (*torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]), m, n)
         return a.new_zeros(shape), a.new_zeros(shape)
-    budget = 53 - math.ceil(math.log2(k))
-    exact = _one_exact_slice(b, budget)
-    if bool(exact.all()):
-        return _one_slice(a, b)
-    if not bool(exact.any()):
-        return _two_slices(a, b, budget)
-    (hi1, lo1), (hi2, lo2) = _one_slice(a, b), _two_slices(a, b, budget)
-    return torch.where(exact, hi1, hi2), torch.where(exact, lo1, lo2)
+    return Columns.of(b).matmul(a, slice(None))
+
+
+@dataclasses.dataclass(frozen=True)
+class Columns:
+    """``b`` (..., k, n), k >= 1, made ready once for :func:`dd_matmul` of many ``a`` with slices of its columns
+    (the golden's ``Q K^T`` and ``dO V^T`` of every row block, over the keys of each): which columns are one exact
+    slice (``exact``, (..., 1, n)) and, where some is not, the two-slice path's split ``b = b0 + rb``.  Both are
+    properties of each column alone, so a slice of them is what :func:`dd_matmul` finds for that slice of ``b``
+    (but for rows beyond :func:`leading_slice`'s exponent range, which it splits per matrix)."""
+
+    b: torch.Tensor
+    budget: int
+    exact: torch.Tensor
+    b0: torch.Tensor | None
+    rb: torch.Tensor | None
+
+    @classmethod
+    def of(cls, b: torch.Tensor) -> "Columns":
+        budget = 53 - math.ceil(math.log2(b.shape[-2]))
+        exact = _exact_columns(b, budget)
+        if bool(exact.all()):
+            return cls(b, budget, exact, None, None)
+        b0 = leading_slice(b, -2, budget // 2)
+        return cls(b, budget, exact, b0, b - b0)
+
+    def matmul(self, a: torch.Tensor, columns: slice) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`dd_matmul` of ``a`` (..., m, k) with ``b[..., columns]``."""
+        b = self.b[..., columns]
+        exact = self.exact[..., columns].all(-1, keepdim=True)
+        if bool(exact.all()):
+            return _one_slice(a, b)
+        assert self.b0 is not None and self.rb is not None  # made by Columns.of wherever a column is not exact
+        two = (self.b0[..., columns], self.rb[..., columns])
+        if not bool(exact.any()):
+            return _two_slices(a, b, *two, self.budget)
+        (hi1, lo1), (hi2, lo2) = _one_slice(a, b), _two_slices(a, b, *two, self.budget)
+        return torch.where(exact, hi1, hi2), torch.where(exact, lo1, lo2)
 
 
 def slice_path(b: torch.Tensor, k: int) -> tuple[int, bool] | None:
@@ -110,7 +141,7 @@ def slice_path(b: torch.Tensor, k: int) -> tuple[int, bool] | None:
     same one: ``(bits of a's leading slice, True)`` for the one-slice path, ``(bits, False)`` for the two-slice
     path (``b`` split with as many bits); None when the matrices of ``b`` take different paths."""
     budget = 53 - math.ceil(math.log2(k))
-    exact = _one_exact_slice(b, budget)
+    exact = _exact_columns(b, budget).all(-1)
     if bool(exact.all()):
         return MIN_SLICE_BITS, True
     return None if bool(exact.any()) else (budget // 2, False)
@@ -130,10 +161,9 @@ def pair_product(leading: torch.Tensor, rest: torch.Tensor, b: torch.Tensor,
     return hi, lo
 
 
-def _one_exact_slice(b: torch.Tensor, budget: int) -> torch.Tensor:
-    """Whether each matrix of ``b`` (..., k, n) is exactly one ``budget - MIN_SLICE_BITS`` bit slice per column,
-    as (..., 1, 1)."""
-    return _per_matrix(leading_slice(b, -2, budget - MIN_SLICE_BITS) == b)
+def _exact_columns(b: torch.Tensor, budget: int) -> torch.Tensor:
+    """Whether each column of ``b`` (..., k, n) is exactly one ``budget - MIN_SLICE_BITS`` bit slice, (..., 1, n)."""
+    return (leading_slice(b, -2, budget - MIN_SLICE_BITS) == b).all(-2, keepdim=True)
 
 
 def _per_matrix(condition: torch.Tensor) -> torch.Tensor:
@@ -148,11 +178,11 @@ def _one_slice(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return hi, matmul(torch.sub(a, a0, out=a0), b)
 
 
-def _two_slices(a: torch.Tensor, b: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`dd_matmul` splitting both: ``hi = a0 @ b0``, ``lo = a0 @ rb + ra @ b``."""
+def _two_slices(a: torch.Tensor, b: torch.Tensor, b0: torch.Tensor, rb: torch.Tensor,
+                budget: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`dd_matmul` splitting both: ``hi = a0 @ b0``, ``lo = a0 @ rb + ra @ b`` (``b`` already split)."""
     a0 = leading_slice(a, -1, budget // 2)
-    b0 = leading_slice(b, -2, budget // 2)
-    lo = matmul(a0, b - b0)
+    lo = matmul(a0, rb)
     hi = matmul(a0, b0)
     lo += matmul(torch.sub(a, a0, out=a0), b)
     return hi, lo

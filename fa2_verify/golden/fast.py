@@ -59,7 +59,7 @@ import dataclasses
 import torch
 
 from fa2_verify.core import row_blocks, triton_passes
-from fa2_verify.golden.eft import dd_matmul, pair_product, slice_path, slice_sigma, two_prod, two_sum
+from fa2_verify.golden.eft import Columns, dd_matmul, pair_product, slice_path, slice_sigma, two_prod, two_sum
 from fa2_verify.golden.inputs import HeadMajorInputs
 
 #: Query rows are processed in blocks of at most this many scores (or one row) per device
@@ -173,6 +173,9 @@ def attention(problem: HeadMajorInputs, fused: bool | None = None) -> FastResult
     group = problem.group
     for b, g in pair_chunks(problem):
         k, v = problem.k[b, g], problem.v[b, g]
+        # the keys' side of the products of every row block, split once (eft.Columns)
+        scores = Columns.of((k if problem.scale >= 0 else -k).mT)
+        values = Columns.of(v.mT) if backward else None
         dk_sum, dv_sum = _zeros_dd(k), _zeros_dd(v)
         for member in range(group):
             # query head g * group + member of each kv head g of the chunk
@@ -180,12 +183,12 @@ def attention(problem: HeadMajorInputs, fused: bool | None = None) -> FastResult
             for block in plan:
                 rows_, keys = block.rows, block.keys
                 q = problem.q[b, h, rows_]
-                head = forward_step(q, k[..., keys, :], v[..., keys, :], block, problem.scale)
+                head = forward_step(q, scores, v[..., keys, :], block, problem.scale)
                 out[b, h, rows_], pivot[b, h, rows_] = head.out, head.pivot + keys.start
                 lse_hi[b, h, rows_], lse_lo[b, h, rows_] = head.lse_hi, head.lse_lo
                 if not backward:
                     continue
-                grads = backward_step(problem.dout[b, h, rows_], q, k[..., keys, :], v[..., keys, :], head,
+                grads = backward_step(problem.dout[b, h, rows_], q, k[..., keys, :], values, keys, head,
                                       problem.scale)
                 dq[b, h, rows_], delta[b, h, rows_], offset[b, h, rows_] = grads.dq, grads.delta, grads.offset
                 accumulate(dk_sum, grads.dk_sum, keys)
@@ -231,12 +234,13 @@ class _Backward:
     offset: torch.Tensor
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
-    """Steps 1-3 for one block: ``q`` (..., rows, head_dim), ``k``/``v`` (..., keys, head_dim) with the same
-    leading (pair) dimensions; ``block``'s mask and empty rows shared by every pair."""
+def _forward(q: torch.Tensor, scores: Columns, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
+    """Steps 1-3 for one block: ``q`` (..., rows, head_dim), ``scores`` the pairs' ``(sign K)^T`` (..., head_dim,
+    seqlen_k) split once, ``v`` (..., keys, head_dim) with the same leading (pair) dimensions; ``block``'s keys,
+    mask and empty rows shared by every pair."""
     magnitude = abs(scale)
     empty = block.empty
-    s_hi, s_lo = two_sum(*dd_matmul(q, (k if scale >= 0 else -k).mT))
+    s_hi, s_lo = two_sum(*scores.matmul(q, block.keys))
     block.mask.mask_(s_hi, -torch.inf)
     pivot = torch.argmax(s_hi, dim=-1)
     at = pivot[..., None]
@@ -264,7 +268,7 @@ def _lse(row_max: torch.Tensor, magnitude: float, excess: torch.Tensor,
     return torch.where(empty, -torch.inf, lse_hi), torch.where(empty, 0.0, max_lo + sum_lo)
 
 
-def _forward_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
+def _forward_fused(q: torch.Tensor, scores: Columns, v: torch.Tensor, block: _Block, scale: float) -> _Forward:
     """:func:`_forward` with its elementwise work in :mod:`golden.passes` (A to C); the torch code where
     ``P V`` would take :func:`golden.eft.dd_matmul`'s two paths at once, or the scale is 0."""
     from fa2_verify.golden import passes
@@ -272,9 +276,9 @@ def _forward_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Bl
     magnitude = abs(scale)
     path = slice_path(v, v.shape[-2])
     if magnitude == 0.0 or path is None:
-        return _forward(q, k, v, block, scale)
+        return _forward(q, scores, v, block, scale)
     empty = block.empty
-    hi, lo = dd_matmul(q, (k if scale >= 0 else -k).mT)
+    hi, lo = scores.matmul(q, block.keys)
     key_start = block.keys.start
     pivot, largest = passes.pivots(hi, lo, block.first, block.last, key_start)
     row_max = torch.where(empty, 0.0, largest)
@@ -289,17 +293,18 @@ def _forward_fused(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block: _Bl
     denominator = 1.0 + excess
     sigma = slice_sigma(torch.maximum(e_max, at_value) / denominator, path[0])  # of P's row maxima
     if sigma is None:  # P's row maxima lie in [1 / (keys + 1), 2] or are 0: only for non-finite scores
-        return _forward(q, k, v, block, scale)
+        return _forward(q, scores, v, block, scale)
     leading, rest, key_max = passes.probabilities(e, denominator, sigma)
     out_hi, out_lo = pair_product(leading, rest, v, path)
     return _Forward(out_hi + out_lo, e, pivot, empty, *_lse(row_max, magnitude, excess, empty), key_max)
 
 
 def _backward(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head: _Forward, scale: float
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, values: Columns, keys: slice, head: _Forward, scale: float
 ) -> _Backward:
-    """Steps 4-5 for one block; ``dk_sum`` is ``dS^T Q`` before the scale."""
-    dp_hi, dp_lo = dd_matmul(dout, v.mT)
+    """Steps 4-5 for one block over ``keys``, ``values`` the pairs' ``V^T`` split once; ``dk_sum`` is ``dS^T Q``
+    before the scale."""
+    dp_hi, dp_lo = values.matmul(dout, keys)
     at = head.pivot[..., None]
     anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(-1, at).squeeze(-1))
     anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(-1, at).squeeze(-1))
@@ -313,7 +318,7 @@ def _backward(
 
 
 def _backward_fused(
-    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, head: _Forward, scale: float
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, values: Columns, keys: slice, head: _Forward, scale: float
 ) -> _Backward:
     """:func:`_backward` with its elementwise work in :mod:`golden.passes` (D to F); the torch code after a torch
     forward, or where a product would take :func:`golden.eft.dd_matmul`'s two paths at once or a slice's
@@ -322,8 +327,8 @@ def _backward_fused(
 
     paths = (slice_path(k, k.shape[-2]), slice_path(q, q.shape[-2]), slice_path(dout, dout.shape[-2]))
     if head.key_max is None or any(path is None for path in paths):
-        return _backward(dout, q, k, v, head, scale)
-    dp_hi, dp_lo = dd_matmul(dout, v.mT)
+        return _backward(dout, q, k, values, keys, head, scale)
+    dp_hi, dp_lo = values.matmul(dout, keys)
     at = head.pivot[..., None]
     anchor_hi = torch.where(head.empty, 0.0, dp_hi.gather(-1, at).squeeze(-1))
     anchor_lo = torch.where(head.empty, 0.0, dp_lo.gather(-1, at).squeeze(-1))
@@ -334,7 +339,7 @@ def _backward_fused(
     sigmas = (slice_sigma(row_max, k_path[0]), slice_sigma(key_max, q_path[0]),
               slice_sigma(head.key_max, dout_path[0]))
     if any(sigma is None for sigma in sigmas):
-        return _backward(dout, q, k, v, head, scale)
+        return _backward(dout, q, k, values, keys, head, scale)
     ds_rows, ds_keys, p_keys = sigmas
     dq = _times(pair_product(*passes.split(dp_hi, ds_rows, False), k, k_path), scale)
     leading, rest = passes.split(dp_hi, ds_keys, True)

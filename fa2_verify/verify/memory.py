@@ -197,7 +197,9 @@ def estimate(
     golden_rows_block = min(spec.seqlen_q * spec.seqlen_k, max(golden_budget, spec.seqlen_k))
     golden_chunk = max(golden_rows_block, min(golden_pairs * pair_elements, golden_budget))
     golden_block = GOLDEN_BLOCK_COPIES * FLOAT64 * golden_chunk
-    golden_rows = FLOAT64 * 6 * rows + 4 * FLOAT64 * spec.seqlen_k * spec.head_dim
+    # dK and dV as double-doubles, and the keys' side of Q K^T and dO V^T split once (golden.eft.Columns: each
+    # b0 and rb, and the keys negated when the scale is)
+    golden_rows = FLOAT64 * 6 * rows + 9 * FLOAT64 * spec.seqlen_k * spec.head_dim
     # contract <-> head-major layouts (golden.inputs, golden.api): each input is converted on its own (its
     # contract-layout float64 copy is freed once the head-major one exists), and every output is held in
     # both layouts while the result is built, after the inputs' conversion is over
