@@ -37,8 +37,10 @@ def serve_by_default(device: torch.device) -> bool:
     return device.type == "cuda" and importlib.util.find_spec("triton") is not None and not interpret_requested()
 
 
+@functools.cache
 def trial_runs(trial: Callable[[torch.device], object], device: torch.device) -> bool:
-    """Whether ``trial(device)`` (a tiny launch of every pass) builds and runs, synchronised on CUDA."""
+    """Whether ``trial(device)`` (a launch of every pass on :func:`trial_block`) builds and runs, synchronised on
+    CUDA; tried once per trial and device."""
     try:
         trial(device)
         if device.type == "cuda":
@@ -46,6 +48,14 @@ def trial_runs(trial: Callable[[torch.device], object], device: torch.device) ->
     except Exception:  # any failure to build or launch leaves the torch evaluation
         return False
     return True
+
+
+def trial_block(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A trial's inputs on ``device``: a block of 4 rows and 8 keys of one pair, zeros (1, 1, 4, 8) float64, the
+    rows' key ranges (4,) int64 and a row quantity (1, 1, 4) float64."""
+    return (torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device),
+            torch.zeros(4, dtype=torch.int64, device=device),
+            torch.zeros(1, 1, 4, dtype=torch.float64, device=device))
 
 
 def on_device_of(tensor: torch.Tensor):

@@ -26,8 +26,6 @@ CPU, which is how the tests check them.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
@@ -261,17 +259,13 @@ def accumulate(total: tuple[torch.Tensor, torch.Tensor], term: tuple[torch.Tenso
                           rows.start * total_hi.shape[-1], BLOCK=_ACCUMULATE_BLOCK, enable_fp_fusion=False)
 
 
-@functools.cache
 def compiles(device: torch.device) -> bool:
-    """Whether every pass builds and runs on ``device``, tried once on a block of 4 rows and 8 keys
-    (:func:`core.triton_passes.trial_runs`)."""
+    """Whether every pass builds and runs on ``device`` (:func:`core.triton_passes.trial_runs`)."""
     return triton_passes.trial_runs(_trial, device)
 
 
 def _trial(device: torch.device) -> None:
-    block = torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device)
-    ends = torch.zeros(4, dtype=torch.int64, device=device)
-    row = torch.zeros(1, 1, 4, dtype=torch.float64, device=device)
+    block, ends, row = triton_passes.trial_block(device)
     pivot, row_max = pivots(block, block.clone(), ends, ends, 0)
     exponentials(block, block.clone(), ends, ends, 0, row_max, pivot, 1.0)
     probabilities(block, row + 1.0, row + 1.0)

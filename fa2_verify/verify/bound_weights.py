@@ -36,7 +36,6 @@ tests check them.
 
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -176,17 +175,13 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
     return weights
 
 
-@functools.cache
 def compiles(device: torch.device) -> bool:
-    """Whether the three passes build and run on ``device``, tried once on a block of 4 rows and 8 keys
-    (:func:`core.triton_passes.trial_runs`)."""
+    """Whether the three passes build and run on ``device`` (:func:`core.triton_passes.trial_runs`)."""
     return triton_passes.trial_runs(_trial, device)
 
 
 def _trial(device: torch.device) -> None:
-    scores = torch.zeros(1, 1, 4, 8, dtype=torch.float64, device=device)
-    ends = torch.zeros(4, dtype=torch.int64, device=device)
-    rows = torch.zeros(1, 1, 4, dtype=torch.float64, device=device)
+    scores, ends, rows = triton_passes.trial_block(device)
     _, row_max, _ = forward(scores, scores.clone(), ends, ends, 0, rows, rows[0, 0], 0.0, 0.0)
     backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
              {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
