@@ -3,7 +3,7 @@
 :func:`golden.fast.attention` evaluates a block of query rows as float64 products (cuBLAS) with elementwise work
 between them; in torch that work is some forty operations per block, each a pass over the block's memory.  On
 CUDA it runs as six passes here, each reading what it needs once (on an H100 the six long scale cases' float64
-passes took 8.7 s instead of 11.3, docs/benchmarks.md), the steps of :mod:`golden.fast` unchanged:
+passes took 7.6 s instead of 10.8, docs/benchmarks.md), the steps of :mod:`golden.fast` unchanged:
 
 * forward: (A) :func:`pivots`: ``S' = hi + lo`` renormalised (``two_sum``), hidden keys ``-inf``, and each row's
   largest score and its first key (torch's ``argmax``, exactly); (B) :func:`exponentials`: the logits

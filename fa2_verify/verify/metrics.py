@@ -84,7 +84,7 @@ GATHER_MAX_ELEMENTS = CHUNK_ELEMENTS
 #: Copies of a radix histogram that a CUDA chunk's elements are spread over (element ``e`` counted in copy
 #: ``e % HISTOGRAM_LANES``, the copies summed after), while the copies stay within ``2**21`` bins: a metric's
 #: values fill few of a digit's ``RADIX`` bins, whose global atomic adds serialise (on an H100 a chunk's first
-#: digit took 3.6 ms in one copy and 1.3 ms in 32, docs/benchmarks.md).
+#: digit took 3.6 ms in one copy and 1.3 ms in 32, lab/benchmarks-history.md).
 HISTOGRAM_LANES = 32
 
 #: Axis names of each output, for tensor paths such as ``dq[b=1, i=7, h=3, c=12]``:
