@@ -260,7 +260,8 @@ def accumulate(total: tuple[torch.Tensor, torch.Tensor], term: tuple[torch.Tenso
 
 
 def compiles(device: torch.device) -> bool:
-    """Whether every pass builds and runs on ``device`` (:func:`core.triton_passes.trial_runs`)."""
+    """Whether every pass, in each of its compiled variants, builds and runs on ``device``
+    (:func:`core.triton_passes.trial_runs`)."""
     return triton_passes.trial_runs(_trial, device)
 
 
@@ -272,4 +273,5 @@ def _trial(device: torch.device) -> None:
     shifted(block, block.clone(), block.clone(), row, row)
     _, key_max = gradients(block, block.clone(), row)
     split(block, key_max + 1.0, True)
+    split(block, row + 1.0, False)
     accumulate((block.clone(), block.clone()), (block, block), slice(0, 4))

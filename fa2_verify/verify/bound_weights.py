@@ -176,13 +176,15 @@ def backward(scores: torch.Tensor, magnitudes: torch.Tensor, centered: torch.Ten
 
 
 def compiles(device: torch.device) -> bool:
-    """Whether the three passes build and run on ``device`` (:func:`core.triton_passes.trial_runs`)."""
+    """Whether the three passes, in each of their compiled variants (with and without flush shares), build and
+    run on ``device`` (:func:`core.triton_passes.trial_runs`)."""
     return triton_passes.trial_runs(_trial, device)
 
 
 def _trial(device: torch.device) -> None:
     scores, ends, rows = triton_passes.trial_block(device)
     _, row_max, _ = forward(scores, scores.clone(), ends, ends, 0, rows, rows[0, 0], 0.0, 0.0)
-    backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
-             {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
-             {"dv_units": scores[0, 0, 0], "dk_units": scores[0, 0, 0]}, (0.0, 0.0, 0.0, 0.0), rows)
+    for flush_row in (rows, None):
+        backward(scores, scores.clone(), scores.clone(), scores.clone(), ends, ends, 0,
+                 {"lse": rows, "row_max": row_max[..., 0], "error": rows, "dq_units": rows[0, 0]},
+                 {"dv_units": scores[0, 0, 0], "dk_units": scores[0, 0, 0]}, (0.0, 0.0, 0.0, 0.0), flush_row)
