@@ -9,6 +9,8 @@ Its local row ``r`` sees the keys ``FIRST[r] .. LAST[r]`` (absolute indices, the
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -46,9 +48,7 @@ def grid(blocks_shape, exact: bool = False) -> tuple[tuple[int, int], dict]:
     ``exact`` turns off contraction into fused multiply-adds (error-free transformations need every rounding)."""
     rows, keys, warps = TILE
     *pairs, n_rows, n_keys = blocks_shape
-    count = 1
-    for size in pairs:
-        count *= size
+    count = math.prod(pairs)
     keywords = {"BLOCK_R": rows, "BLOCK_K": keys, "num_warps": warps}
     if exact:
         keywords["enable_fp_fusion"] = False

@@ -135,30 +135,36 @@ class Columns:
         (hi1, lo1), (hi2, lo2) = _one_slice(a, b), _two_slices(a, b, *two, self.budget)
         return torch.where(exact, hi1, hi2), torch.where(exact, lo1, lo2)
 
+    @property
+    def bits(self) -> int | None:
+        """The bits of ``a``'s leading slice in :func:`dd_matmul` with the whole ``b``, when every matrix of ``b``
+        takes the same path: ``MIN_SLICE_BITS`` (one slice), half the budget (two slices); None when they differ."""
+        exact = self.exact.all(-1)
+        if bool(exact.all()):
+            return MIN_SLICE_BITS
+        return None if bool(exact.any()) else self.budget // 2
 
-def slice_path(b: torch.Tensor, k: int) -> tuple[int, bool] | None:
-    """The path :func:`dd_matmul` takes for an ``a`` (..., m, k) with ``b``, when every matrix of ``b`` takes the
-    same one: ``(bits of a's leading slice, True)`` for the one-slice path, ``(bits, False)`` for the two-slice
-    path (``b`` split with as many bits); None when the matrices of ``b`` take different paths."""
-    budget = 53 - math.ceil(math.log2(k))
-    exact = _exact_columns(b, budget).all(-1)
-    if bool(exact.all()):
-        return MIN_SLICE_BITS, True
-    return None if bool(exact.any()) else (budget // 2, False)
+    def sigma(self, peak: torch.Tensor) -> torch.Tensor | None:
+        """:func:`leading_slice`'s ``sigma`` that splits rows of ``a`` whose largest magnitudes are ``peak`` into
+        :attr:`bits` bits; None when the matrices of ``b`` take different paths, or a row is out of the range
+        where ``sigma`` is a normal float64 (:func:`leading_slice` then scales instead)."""
+        bits = self.bits
+        if bits is None:
+            return None
+        exponent = torch.frexp(peak).exponent.to(torch.int64)
+        if not bool(((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)).all()):
+            return None
+        return torch.ldexp(torch.full_like(peak, 0.75), exponent - bits + 53)
 
-
-def pair_product(leading: torch.Tensor, rest: torch.Tensor, b: torch.Tensor,
-                 path: tuple[int, bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`dd_matmul`'s pair for ``a = leading + rest``, already split on :func:`slice_path`'s ``path``
-    (``leading = leading_slice(a, -1, bits)``): the same products in the same order, so the same values."""
-    bits, one_slice = path
-    if one_slice:
-        return matmul(leading, b), matmul(rest, b)
-    b0 = leading_slice(b, -2, bits)
-    lo = matmul(leading, b - b0)
-    hi = matmul(leading, b0)
-    lo += matmul(rest, b)
-    return hi, lo
+    def split_matmul(self, leading: torch.Tensor, rest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`dd_matmul`'s pair for ``a = leading + rest`` with the whole ``b``, ``a`` already split as it
+        splits it (by :meth:`sigma`): the same products in the same order."""
+        if self.b0 is None or self.rb is None:
+            return matmul(leading, self.b), matmul(rest, self.b)
+        lo = matmul(leading, self.rb)
+        hi = matmul(leading, self.b0)
+        lo += matmul(rest, self.b)
+        return hi, lo
 
 
 def _exact_columns(b: torch.Tensor, budget: int) -> torch.Tensor:
@@ -230,16 +236,6 @@ def leading_slice(x: torch.Tensor, axis: int, beta: int) -> torch.Tensor:
         return truncated
     sigma = torch.ldexp(torch.full_like(peak, 0.75), (exponent - beta + 53).clamp(_MIN_EXPONENT, _MAX_EXPONENT))
     return torch.where(in_range, (x + sigma) - sigma, truncated)
-
-
-def slice_sigma(peak: torch.Tensor, beta: int) -> torch.Tensor | None:
-    """:func:`leading_slice`'s ``sigma`` for rows whose largest magnitudes are ``peak``, so that
-    ``fl(x + sigma) - sigma`` is their leading slice; None when a row is out of the range where it is a normal
-    float64 (:func:`leading_slice` then scales instead)."""
-    exponent = torch.frexp(peak).exponent.to(torch.int64)
-    if not bool(((exponent > _MIN_EXPONENT) & (exponent < _MAX_EXPONENT)).all()):
-        return None
-    return torch.ldexp(torch.full_like(peak, 0.75), exponent - beta + 53)
 
 
 def _peak(x: torch.Tensor, axis: int) -> torch.Tensor:

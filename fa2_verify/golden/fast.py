@@ -59,7 +59,7 @@ import dataclasses
 import torch
 
 from fa2_verify.core import row_blocks, triton_passes
-from fa2_verify.golden.eft import Columns, dd_matmul, pair_product, slice_path, slice_sigma, two_prod, two_sum
+from fa2_verify.golden.eft import Columns, dd_matmul, two_prod, two_sum
 from fa2_verify.golden.inputs import HeadMajorInputs
 
 #: Query rows are processed in blocks of at most this many scores (or one row) per device
@@ -274,8 +274,8 @@ def _forward_fused(q: torch.Tensor, scores: Columns, v: torch.Tensor, block: _Bl
     from fa2_verify.golden import passes
 
     magnitude = abs(scale)
-    path = slice_path(v, v.shape[-2])
-    if magnitude == 0.0 or path is None:
+    values = Columns.of(v)
+    if magnitude == 0.0 or values.bits is None:
         return _forward(q, scores, v, block, scale)
     empty = block.empty
     hi, lo = scores.matmul(q, block.keys)
@@ -291,11 +291,11 @@ def _forward_fused(q: torch.Tensor, scores: Columns, v: torch.Tensor, block: _Bl
     e.scatter_(-1, at, at_value[..., None])
     excess = others + torch.expm1(at_pivot)
     denominator = 1.0 + excess
-    sigma = slice_sigma(torch.maximum(e_max, at_value) / denominator, path[0])  # of P's row maxima
+    sigma = values.sigma(torch.maximum(e_max, at_value) / denominator)  # of P's row maxima
     if sigma is None:  # P's row maxima lie in [1 / (keys + 1), 2] or are 0: only for non-finite scores
         return _forward(q, scores, v, block, scale)
     leading, rest, key_max = passes.probabilities(e, denominator, sigma)
-    out_hi, out_lo = pair_product(leading, rest, v, path)
+    out_hi, out_lo = values.split_matmul(leading, rest)
     return _Forward(out_hi + out_lo, e, pivot, empty, *_lse(row_max, magnitude, excess, empty), key_max)
 
 
@@ -325,8 +325,8 @@ def _backward_fused(
     ``sigma`` leaves float64's range."""
     from fa2_verify.golden import passes
 
-    paths = (slice_path(k, k.shape[-2]), slice_path(q, q.shape[-2]), slice_path(dout, dout.shape[-2]))
-    if head.key_max is None or any(path is None for path in paths):
+    sides = {"dq": Columns.of(k), "dk": Columns.of(q), "dv": Columns.of(dout)}  # the b of each product
+    if head.key_max is None or any(side.bits is None for side in sides.values()):
         return _backward(dout, q, k, values, keys, head, scale)
     dp_hi, dp_lo = values.matmul(dout, keys)
     at = head.pivot[..., None]
@@ -335,19 +335,17 @@ def _backward_fused(
     offset = passes.shifted(dp_hi, dp_lo, head.p, anchor_hi, anchor_lo)
     del dp_lo
     row_max, key_max = passes.gradients(dp_hi, head.p, offset)  # dP_hi is dS now
-    k_path, q_path, dout_path = paths
-    sigmas = (slice_sigma(row_max, k_path[0]), slice_sigma(key_max, q_path[0]),
-              slice_sigma(head.key_max, dout_path[0]))
-    if any(sigma is None for sigma in sigmas):
+    peaks = {"dq": row_max, "dk": key_max, "dv": head.key_max}
+    sigmas = {name: side.sigma(peaks[name]) for name, side in sides.items()}
+    if any(sigma is None for sigma in sigmas.values()):
         return _backward(dout, q, k, values, keys, head, scale)
-    ds_rows, ds_keys, p_keys = sigmas
-    dq = _times(pair_product(*passes.split(dp_hi, ds_rows, False), k, k_path), scale)
-    leading, rest = passes.split(dp_hi, ds_keys, True)
+    dq = _times(sides["dq"].split_matmul(*passes.split(dp_hi, sigmas["dq"], False)), scale)
+    leading, rest = passes.split(dp_hi, sigmas["dk"], True)
     del dp_hi  # at most four blocks live: P, dS and a split
-    dk_sum = pair_product(leading.mT, rest.mT, q, q_path)
+    dk_sum = sides["dk"].split_matmul(leading.mT, rest.mT)
     del leading, rest
-    leading, rest = passes.split(head.p, p_keys, True)
-    dv = pair_product(leading.mT, rest.mT, dout, dout_path)
+    leading, rest = passes.split(head.p, sigmas["dv"], True)
+    dv = sides["dv"].split_matmul(leading.mT, rest.mT)
     delta_hi, delta_lo = two_sum(anchor_hi, offset)
     return _Backward(dq, dk_sum, dv, delta_hi + (delta_lo + anchor_lo), offset)
 

@@ -200,7 +200,7 @@ def exponentials(hi: torch.Tensor, lo: torch.Tensor, first: torch.Tensor, last: 
 def probabilities(e: torch.Tensor, denominator: torch.Tensor,
                   sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(C) in place ``e <- P = e / denominator``; returns ``P``'s split by its rows' ``sigma`` (..., R)
-    (:func:`golden.eft.slice_sigma`), leading slice and rest, and each key's maximum of ``P`` per matrix (..., K)."""
+    (:meth:`golden.eft.Columns.sigma`), leading slice and rest, and each key's maximum of ``P`` per matrix (..., K)."""
     grid, keywords = triton_tiles.grid(e.shape, exact=True)
     leading, rest = torch.empty_like(e), torch.empty_like(e)
     key_max = torch.empty(grid[0], e.shape[-1], dtype=torch.float64, device=e.device)
